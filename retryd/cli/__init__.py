@@ -1,0 +1,11 @@
+"""``retryd`` command line. Each sub-command lives in its own module and registers on ``app``."""
+
+from __future__ import annotations
+
+# Sub-command modules register themselves on import.
+from retryd.cli import version as _version  # noqa: F401
+from retryd.cli.app import app
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,249 @@
+"""retryd settings: ``RETRYD_*`` environment variables, an optional TOML file, CLI overrides.
+
+Precedence, highest first: explicit overrides (CLI flags) > environment > TOML file > defaults.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import enum
+import re
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+from retryd.errors import ConfigError, SequenceError
+from retryd.policy.sequence import RetryPlan, validate_topic_name
+
+_SECRET_KEY_RE = re.compile(
+    r"(password|secret|token|credential|\.key$|key\.pem|oauthbearer\.config)"
+)
+_KAFKA_KEY_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+_TOML_DATA: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
+    "retryd_toml", default=None
+)
+
+
+class Role(enum.StrEnum):
+    """Which topics a worker consumes: everything, only the main topics, or only the tiers."""
+
+    ALL = "all"
+    MAIN = "main"
+    TIERS = "tiers"
+
+
+def redact_kafka(options: dict[str, str]) -> dict[str, str]:
+    """librdkafka options safe to log: secret-looking values replaced."""
+    return {k: ("***" if _SECRET_KEY_RE.search(k) else v) for k, v in options.items()}
+
+
+def _split_list(value: Any) -> Any:
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+class _TomlSource(PydanticBaseSettingsSource):
+    """Values of the TOML file given to ``load_settings`` (lowest priority above defaults)."""
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return (_TOML_DATA.get() or {}).get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(_TOML_DATA.get() or {})
+
+
+class Settings(BaseSettings):
+    """Every setting retryd reads. ``config/retryd.toml`` documents each one."""
+
+    model_config = SettingsConfigDict(env_prefix="RETRYD_", frozen=True, extra="forbid")
+
+    # Cluster
+    bootstrap_servers: str = "localhost:9092"
+    kafka: dict[str, str] = Field(default_factory=dict)
+    # Topics and retry policy
+    main_topics: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    retry_sequence: str = "5m,5m,30m,30m,30m,1h"
+    tier_template: str = "retry_{delay}"
+    failed_topic: str = "failed_topic"
+    group_id: str = "retryd"
+    # Handler
+    handler: str = ""
+    handler_timeout_s: float = Field(default=30.0, gt=0)
+    non_retryable: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    # Worker
+    role: Role = Role.ALL
+    processes: int = Field(default=1, ge=1, le=256)
+    batch_size: int = Field(default=500, ge=1, le=100_000)
+    session_timeout_ms: int = Field(default=45_000, ge=1_000)
+    max_poll_interval_ms: int = Field(default=300_000, ge=1_000)
+    poll_timeout_s: float = Field(default=0.5, gt=0, le=10)
+    max_abandoned_handlers: int = Field(default=8, ge=1)
+    tier_prefetch_kbytes: int = Field(default=1024, ge=1)
+    state_dir: Path = Path("/tmp/retryd")
+    # Topic provisioning
+    replication_factor: int = Field(default=-1, ge=-1)
+    tier_partitions: int | None = Field(default=None, ge=1)
+    tier_retention_factor: int = Field(default=10, ge=2)
+    tier_min_retention_ms: int = Field(default=7 * 86_400_000, ge=60_000)
+    failed_retention_ms: int = Field(default=30 * 86_400_000, ge=-1)
+    # Sidecar
+    sidecar_host: str = "0.0.0.0"
+    sidecar_port: int = Field(default=8080, ge=0, le=65535)
+    api_token: SecretStr | None = None
+    replay_allowlist: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    ledger_topic: str = "retryd_replay_ledger"
+    readiness_timeout_s: float = Field(default=2.0, gt=0)
+    heartbeat_stale_s: float = Field(default=15.0, gt=0)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, _TomlSource(settings_cls))
+
+    _split = field_validator("main_topics", "non_retryable", "replay_allowlist", mode="before")(
+        _split_list
+    )
+
+    @field_validator("kafka", mode="before")
+    @classmethod
+    def _kafka_strings(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            import json
+
+            try:
+                value = json.loads(value)
+            except ValueError as exc:
+                raise ValueError("must be a JSON object of librdkafka options") from exc
+        if isinstance(value, dict):
+            out = {}
+            for key, item in value.items():
+                if not _KAFKA_KEY_RE.match(str(key)):
+                    raise ValueError(f"{key!r} is not a librdkafka option name")
+                out[str(key)] = str(item).lower() if isinstance(item, bool) else str(item)
+            return out
+        return value
+
+    @field_validator("retry_sequence")
+    @classmethod
+    def _sequence(cls, value: str) -> str:
+        try:
+            RetryPlan.parse(value, failed_topic="failed_topic")
+        except SequenceError as exc:
+            raise ValueError(exc.problems[0]) from exc
+        return value
+
+    @field_validator("main_topics")
+    @classmethod
+    def _topic_names(cls, value: list[str]) -> list[str]:
+        for topic in value:
+            validate_topic_name(topic)
+        return value
+
+    @field_validator("handler")
+    @classmethod
+    def _handler_spec(cls, value: str) -> str:
+        if value and not value.startswith(("python:", "http://", "https://")):
+            raise ValueError("must be 'python:package.module:function' or an http(s):// URL")
+        if value.startswith("python:") and value.count(":") != 2:
+            raise ValueError("python handler must look like 'python:package.module:function'")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Settings:
+        problems: list[str] = []
+        try:
+            self.plan  # noqa: B018 - parse for validation
+        except SequenceError as exc:
+            problems.extend(exc.problems)
+        if self.handler_timeout_s * 1000 >= self.max_poll_interval_ms:
+            problems.append(
+                f"handler_timeout_s={self.handler_timeout_s:g} must be below "
+                f"max_poll_interval_ms={self.max_poll_interval_ms} (a handler call blocks polling)"
+            )
+        if self.session_timeout_ms > self.max_poll_interval_ms:
+            problems.append("session_timeout_ms must not exceed max_poll_interval_ms")
+        if set(self.main_topics) & ({self.failed_topic, *self.plan_topics_or_empty()}):
+            problems.append("main_topics must not include a tier topic or failed_topic")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    def plan_topics_or_empty(self) -> list[str]:
+        try:
+            return self.plan.tier_topics
+        except SequenceError:
+            return []
+
+    @property
+    def plan(self) -> RetryPlan:
+        return RetryPlan.parse(
+            self.retry_sequence,
+            tier_template=self.tier_template,
+            failed_topic=self.failed_topic,
+            group=self.group_id,
+        )
+
+    def kafka_common(self) -> dict[str, str]:
+        """Cluster options shared by every client (security settings included)."""
+        return {"bootstrap.servers": self.bootstrap_servers, **self.kafka}
+
+    def safe_summary(self) -> dict[str, Any]:
+        """Settings fit for a log line: secrets redacted."""
+        data = self.model_dump(exclude={"api_token", "kafka"})
+        data["kafka"] = redact_kafka(self.kafka)
+        data["api_token"] = "***" if self.api_token else None
+        return data
+
+
+def _describe(error: dict[str, Any]) -> str:
+    loc = ".".join(str(p) for p in error.get("loc", ())) or "settings"
+    msg = str(error.get("msg", "invalid")).removeprefix("Value error, ")
+    value = error.get("input")
+    if isinstance(value, dict) or loc in ("api_token", "kafka") or loc.startswith("kafka."):
+        return f"{loc}: {msg}"
+    shown = repr(value)
+    if len(shown) > 80:
+        shown = shown[:77] + "..."
+    return f"{loc}={shown}: {msg}"
+
+
+def load_settings(config_file: Path | str | None = None, **overrides: Any) -> Settings:
+    """Build Settings; raise ConfigError with one readable line per problem."""
+    data: dict[str, Any] = {}
+    if config_file is not None:
+        path = Path(config_file)
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError as exc:
+            raise ConfigError([f"config file {path}: not found"]) from exc
+        except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError([f"config file {path}: {exc}"]) from exc
+        data = data.get("retryd", data)
+    token = _TOML_DATA.set(data)
+    try:
+        return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            if err.get("type") == "value_error" and not err.get("loc"):
+                lines.extend(str(err["msg"]).removeprefix("Value error, ").split("; "))
+            else:
+                lines.append(_describe(dict(err)))
+        raise ConfigError(lines) from exc
+    finally:
+        _TOML_DATA.reset(token)

@@ -1,0 +1,49 @@
+"""One error hierarchy for retryd: callers catch ``RetrydError`` and get a readable message."""
+
+from __future__ import annotations
+
+
+class RetrydError(Exception):
+    """Base of every error retryd raises on purpose."""
+
+
+class ConfigError(RetrydError):
+    """A setting is invalid; ``problems`` holds one readable line per problem."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        super().__init__("; ".join(problems))
+
+
+class SequenceError(ConfigError):
+    """The retry sequence (``5m,30m,…``) cannot be parsed."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__([message])
+
+
+class HeaderError(RetrydError):
+    """A retryd header is missing or unparsable (the message is dead-lettered as malformed)."""
+
+
+class HandlerLoadError(RetrydError):
+    """The handler spec does not point at something callable or reachable."""
+
+
+class KafkaSetupError(RetrydError):
+    """The cluster cannot be reached or topics are missing / mis-sized."""
+
+
+class DeliveryError(RetrydError):
+    """A routed copy could not be delivered; its input offset stays uncommitted."""
+
+
+class BrokerStartError(RetrydError):
+    """The embedded broker binary is missing or did not start."""
+
+
+class NonRetryableError(Exception):
+    """Raise (or subclass) this in a handler to dead-letter the message at once.
+
+    Deliberately not a ``RetrydError``: it is a signal from business code, not a retryd failure.
+    """

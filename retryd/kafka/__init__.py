@@ -1,0 +1,1 @@
+"""Kafka I/O: client configuration, topic provisioning, the embedded broker."""

@@ -1,0 +1,1 @@
+"""Prometheus metrics from the spec (section 4), shared by workers and the sidecar."""

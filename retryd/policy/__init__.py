@@ -1,0 +1,1 @@
+"""Pure retry policy: no I/O, unit-testable without a broker."""

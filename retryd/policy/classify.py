@@ -1,0 +1,107 @@
+"""Error classification: what a handler's result means for the message."""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from retryd.errors import NonRetryableError
+
+
+class Outcome(enum.StrEnum):
+    SUCCESS = "success"
+    RETRY = "retry"
+    DEAD = "dead"
+    DROP = "drop"
+
+
+@dataclass(frozen=True, slots=True)
+class HandlerResult:
+    outcome: Outcome
+    error_class: str | None = None
+    error_message: str | None = None
+
+    @classmethod
+    def success(cls) -> HandlerResult:
+        return _SUCCESS
+
+
+_SUCCESS = HandlerResult(Outcome.SUCCESS)
+TIMEOUT_CLASS = "timeout"
+
+
+def error_class_name(exc: BaseException) -> str:
+    """``ValueError`` for builtins, ``package.module.Class`` for everything else."""
+    cls = type(exc)
+    module = cls.__module__
+    return cls.__qualname__ if module == "builtins" else f"{module}.{cls.__qualname__}"
+
+
+def _names(cls: type) -> set[str]:
+    out: set[str] = set()
+    for base in cls.__mro__:
+        out.add(base.__qualname__)
+        out.add(f"{base.__module__}.{base.__qualname__}")
+    return out
+
+
+def classify_exception(exc: BaseException, non_retryable: Iterable[str] = ()) -> HandlerResult:
+    """Non-retryable if the exception (or a base class) is ``NonRetryableError`` or is named in
+    ``non_retryable`` (simple or dotted name); retry otherwise."""
+    message = str(exc) or repr(exc)
+    name = error_class_name(exc)
+    if isinstance(exc, NonRetryableError) or _names(type(exc)) & set(non_retryable):
+        return HandlerResult(Outcome.DEAD, name, message)
+    return HandlerResult(Outcome.RETRY, name, message)
+
+
+def timeout_result(seconds: float) -> HandlerResult:
+    return HandlerResult(
+        Outcome.RETRY, TIMEOUT_CLASS, f"handler did not finish within {seconds:g}s"
+    )
+
+
+_BODY_STATUS = {
+    "SUCCESS": Outcome.SUCCESS,
+    "RETRY": Outcome.RETRY,
+    "DROP": Outcome.DROP,
+    "DEAD": Outcome.DEAD,
+}
+
+
+def body_status(body: bytes, content_type: str | None) -> Outcome | None:
+    """The Dapr-style ``{"status": ...}`` override in a JSON response body, if there is one."""
+    if not body or (content_type and "json" not in content_type.lower()):
+        return None
+    try:
+        doc = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if isinstance(doc, dict) and isinstance(doc.get("status"), str):
+        return _BODY_STATUS.get(doc["status"].upper())
+    return None
+
+
+def classify_http(status: int, body: bytes = b"", content_type: str | None = None) -> HandlerResult:
+    """2xx success; 408, 429, 5xx retry; other 4xx dead; a JSON status word overrides the code."""
+    error_class = f"http_{status}"
+    override = body_status(body, content_type)
+    snippet = body[:512].decode("utf-8", errors="replace")
+    if override is not None:
+        if override is Outcome.SUCCESS:
+            return _SUCCESS
+        if override is Outcome.DROP:
+            return HandlerResult(Outcome.DROP)
+        return HandlerResult(
+            override, error_class, f"handler answered {status} status={override.name}"
+        )
+    if 200 <= status < 300:
+        return _SUCCESS
+    if status in (408, 429) or status >= 500 or status < 200:
+        return HandlerResult(Outcome.RETRY, error_class, snippet or f"HTTP {status}")
+    if 400 <= status < 500:
+        return HandlerResult(Outcome.DEAD, error_class, snippet or f"HTTP {status}")
+    # 3xx: redirects are not followed; treat as a retryable misconfiguration.
+    return HandlerResult(Outcome.RETRY, error_class, snippet or f"HTTP {status}")

@@ -1,0 +1,1 @@
+"""Process runtime: state directory layout, heartbeats, signals."""

@@ -1,0 +1,162 @@
+"""Test helpers that talk to a real broker: topics, producing, reading back, waiting."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+T = TypeVar("T")
+
+# Tansu's first JoinGroup waits about half of session.timeout.ms; 6000 keeps that near 3 s
+# and is the smallest value real Kafka accepts by default.
+TEST_SESSION_TIMEOUT_MS = 6000
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+def wait_for(
+    cond: Callable[[], T], timeout: float, interval: float = 0.05, what: str = "condition"
+) -> T:
+    """Poll ``cond`` until it returns something truthy, or fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def create_topics(
+    bootstrap: str, names: Iterable[str], partitions: int = 1, config: dict[str, str] | None = None
+) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    futures = admin.create_topics(
+        [NewTopic(n, partitions, 1, config=config or {}) for n in names], operation_timeout=10
+    )
+    for name, fut in futures.items():
+        try:
+            fut.result(15)
+        except Exception as exc:  # topic may already exist from an idempotent create
+            if "TOPIC_ALREADY_EXISTS" not in str(exc):
+                raise AssertionError(f"creating {name}: {exc}") from exc
+
+
+def produce(
+    bootstrap: str,
+    topic: str,
+    records: Iterable[tuple[bytes | None, bytes | None] | tuple[bytes | None, bytes | None, list]],
+    partition: int | None = None,
+) -> list[tuple[int, int]]:
+    """Produce and wait for every ack; returns (partition, offset) per record."""
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5})
+    acks: list[tuple[int, int]] = []
+    errors: list[KafkaError] = []
+
+    def done(err: KafkaError | None, msg) -> None:  # type: ignore[no-untyped-def]
+        if err is not None:
+            errors.append(err)
+        else:
+            acks.append((msg.partition(), msg.offset()))
+
+    for rec in records:
+        key, value, *rest = rec
+        kwargs = {"key": key, "value": value, "on_delivery": done}
+        if rest:
+            kwargs["headers"] = rest[0]
+        if partition is not None:
+            kwargs["partition"] = partition
+        while True:
+            try:
+                producer.produce(topic, **kwargs)
+                break
+            except BufferError:
+                producer.poll(0.1)
+        producer.poll(0)
+    remaining = producer.flush(30)
+    assert remaining == 0 and not errors, f"produce failed: {errors[:3]} remaining={remaining}"
+    return acks
+
+
+@dataclass
+class Record:
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes | None]]
+
+    def header(self, name: str) -> bytes | None:
+        found = None
+        for k, v in self.headers:
+            if k == name:
+                found = v
+        return found
+
+
+def read_topic(
+    bootstrap: str, topic: str, expect: int | None = None, timeout: float = 20.0
+) -> list[Record]:
+    """Read a whole topic without a consumer group.
+
+    With ``expect``, reads until that many records arrived (or fails at ``timeout``);
+    otherwise reads until every partition reports end-of-partition.
+    """
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    md = admin.list_topics(topic, timeout=10).topics[topic]
+    assert md.error is None, f"topic {topic}: {md.error}"
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": unique("reader"),
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+        }
+    )
+    parts = sorted(md.partitions)
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
+    out: list[Record] = []
+    eof: set[int] = set()
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            if expect is None and len(eof) == len(parts):
+                break
+            if expect is not None and len(out) >= expect:
+                break
+            for msg in consumer.consume(1000, 0.2):
+                if msg.error():
+                    if msg.error().code() == KafkaError._PARTITION_EOF:
+                        eof.add(msg.partition())
+                        continue
+                    raise AssertionError(f"read {topic}: {msg.error()}")
+                eof.discard(msg.partition())
+                out.append(
+                    Record(
+                        msg.topic(),
+                        msg.partition(),
+                        msg.offset(),
+                        msg.timestamp()[1],
+                        msg.key(),
+                        msg.value(),
+                        list(msg.headers() or []),
+                    )
+                )
+        else:
+            raise AssertionError(
+                f"timed out reading {topic}: got {len(out)} records, expected {expect}"
+            )
+    finally:
+        consumer.close()
+    return out
