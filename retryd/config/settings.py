@@ -147,12 +147,31 @@ class Settings(BaseSettings):
             raise ValueError(exc.problems[0]) from exc
         return value
 
-    @field_validator("main_topics")
+    @field_validator("main_topics", "failed_topic", "ledger_topic")
     @classmethod
-    def _topic_names(cls, value: list[str]) -> list[str]:
-        for topic in value:
-            validate_topic_name(topic)
+    def _topic_names(cls, value: list[str] | str) -> list[str] | str:
+        # SequenceError is not a ValueError: re-raise so the line names the field and value.
+        for topic in [value] if isinstance(value, str) else value:
+            try:
+                validate_topic_name(topic)
+            except SequenceError as exc:
+                raise ValueError(exc.problems[0]) from exc
         return value
+
+    @field_validator("tier_template")
+    @classmethod
+    def _template(cls, value: str) -> str:
+        try:
+            RetryPlan.parse("1s", tier_template=value, failed_topic="failed_topic", group="g")
+        except SequenceError as exc:
+            raise ValueError(exc.problems[0]) from exc
+        return value
+
+    @field_validator("api_token", mode="before")
+    @classmethod
+    def _blank_token(cls, value: Any) -> Any:
+        # RETRYD_API_TOKEN= (blank, as compose files often pass it) means "no token": /v1 off.
+        return None if isinstance(value, str) and not value.strip() else value
 
     @field_validator("handler")
     @classmethod
