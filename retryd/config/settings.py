@@ -92,7 +92,7 @@ class Settings(BaseSettings):
     # Topic provisioning
     replication_factor: int = Field(default=-1, ge=-1)
     tier_partitions: int | None = Field(default=None, ge=1)
-    tier_retention_factor: int = Field(default=10, ge=2)
+    tier_retention_factor: int = Field(default=10, ge=2, le=1000)
     tier_min_retention_ms: int = Field(default=7 * 86_400_000, ge=60_000)
     failed_retention_ms: int = Field(default=30 * 86_400_000, ge=-1)
     # Sidecar

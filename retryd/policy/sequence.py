@@ -8,7 +8,10 @@ from dataclasses import dataclass
 from retryd.errors import SequenceError
 
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
-_DELAY_RE = re.compile(r"^\s*(\d+)\s*(ms|s|m|h|d)\s*$")
+# re.ASCII: \d must not accept digits of other scripts (Arabic-Indic five is not a delay).
+_DELAY_RE = re.compile(r"^\s*(\d+)\s*(ms|s|m|h|d)\s*$", re.ASCII)
+# Upper bound keeps due times and tier retention (factor x delay) far inside int64 milliseconds.
+MAX_DELAY_MS = 365 * _UNIT_MS["d"]
 # Tier topic names must stay valid Kafka topic names: [a-zA-Z0-9._-], at most 249 chars.
 _TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
@@ -23,7 +26,10 @@ def parse_delay(text: str) -> int:
     value = int(match.group(1))
     if value <= 0:
         raise SequenceError(f"invalid delay {text!r}: must be greater than zero")
-    return value * _UNIT_MS[match.group(2)]
+    delay_ms = value * _UNIT_MS[match.group(2)]
+    if delay_ms > MAX_DELAY_MS:
+        raise SequenceError(f"invalid delay {text!r}: must be at most 365d")
+    return delay_ms
 
 
 def format_delay(delay_ms: int) -> str:
