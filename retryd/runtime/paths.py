@@ -27,4 +27,10 @@ def prepare_metrics_env(state_dir: Path, *, fresh: bool = False) -> Path:
         for item in path.glob("*.db"):
             item.unlink(missing_ok=True)
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(path)
+    import sys
+
+    values = sys.modules.get("prometheus_client.values")
+    if values is not None:
+        # prometheus_client chose its value class at import; choose again now that the dir is set.
+        values.ValueClass = values.get_value_class()  # type: ignore[attr-defined]
     return path

@@ -1,0 +1,5 @@
+"""``python -m retryd``."""
+
+from retryd.cli import main
+
+main()

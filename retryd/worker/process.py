@@ -1,0 +1,67 @@
+"""One worker process: load the handler, run the loop, turn signals into a clean stop."""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+from types import FrameType
+
+from retryd.config import Role, Settings
+from retryd.errors import DeliveryError, RetrydError
+
+log = logging.getLogger(__name__)
+
+EXIT_OK = 0
+EXIT_SETUP = 1
+EXIT_DELIVERY = 3
+
+
+def run_worker(settings: Settings, role: Role, *, until_drained: bool = False) -> int:
+    """Run until SIGTERM/SIGINT (or drained); return the process exit status."""
+    from retryd.handlers.loader import load_handler
+    from retryd.metrics.registry import mark_build_info
+    from retryd.worker.engine import Worker
+
+    try:
+        handler = load_handler(
+            settings.handler,
+            timeout_s=settings.handler_timeout_s,
+            non_retryable=settings.non_retryable,
+        )
+        worker = Worker(settings, handler, role=role)
+    except RetrydError as exc:
+        log.error("cannot start worker: %s", exc)
+        return EXIT_SETUP
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        log.info(
+            "received %s: finishing the current message, then flush, commit, close",
+            signal.Signals(signum).name,
+        )
+        worker.stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    mark_build_info()
+    try:
+        summary = worker.run(until_drained=until_drained)
+    except DeliveryError as exc:
+        log.error("stopping: %s", exc)
+        return EXIT_DELIVERY
+    except RetrydError as exc:
+        log.error("stopping: %s", exc)
+        return EXIT_SETUP
+    log.info("worker summary %s", json.dumps(summary.as_dict(), sort_keys=True))
+    return EXIT_OK
+
+
+def child_main(settings: Settings, role: Role, until_drained: bool, log_level: str) -> None:
+    """Entry point of a supervised child (spawned: a fresh interpreter)."""
+    logging.basicConfig(
+        level=log_level,
+        format="%(asctime)s %(levelname)s %(process)d %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    sys.exit(run_worker(settings, role, until_drained=until_drained))

@@ -1,0 +1,133 @@
+"""Fixtures for engine tests: a fresh retry deployment (topics, group, settings) per test."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from retryd.config import Settings, load_settings
+from retryd.handlers.loader import load_handler
+from retryd.worker.engine import Worker
+from retryd.worker.summary import RunSummary
+from tests.integration import handlers
+from tests.support import TEST_SESSION_TIMEOUT_MS, create_topics, produce, unique
+
+REPO = Path(__file__).resolve().parents[2]
+HANDLER = "python:tests.integration.handlers:behave"
+
+
+@dataclass
+class Deployment:
+    bootstrap: str
+    settings: Settings
+    main: str
+
+    @property
+    def failed(self) -> str:
+        return self.settings.failed_topic
+
+    def tier(self, delay: str) -> str:
+        return self.settings.plan.tier_template.format(delay=delay, group=self.settings.group_id)
+
+    def send(self, specs: Iterable[dict[str, Any]], headers: list | None = None) -> None:
+        produce(
+            self.bootstrap,
+            self.main,
+            [(str(s["id"]).encode(), json.dumps(s).encode(), headers or []) for s in specs],
+        )
+
+    def run(self, **kwargs: Any) -> RunSummary:
+        """Run one in-process worker until drained."""
+        s = self.settings
+        handler = load_handler(
+            s.handler, timeout_s=s.handler_timeout_s, non_retryable=s.non_retryable
+        )
+        return Worker(s, handler, drain_grace_s=kwargs.pop("drain_grace_s", 0.5)).run(
+            until_drained=True
+        )
+
+    def env(self) -> dict[str, str]:
+        s = self.settings
+        return {
+            **os.environ,
+            "PYTHONPATH": str(REPO),
+            "RETRYD_BOOTSTRAP_SERVERS": s.bootstrap_servers,
+            "RETRYD_MAIN_TOPICS": ",".join(s.main_topics),
+            "RETRYD_RETRY_SEQUENCE": s.retry_sequence,
+            "RETRYD_TIER_TEMPLATE": s.tier_template,
+            "RETRYD_FAILED_TOPIC": s.failed_topic,
+            "RETRYD_GROUP_ID": s.group_id,
+            "RETRYD_HANDLER": s.handler,
+            "RETRYD_HANDLER_TIMEOUT_S": str(s.handler_timeout_s),
+            "RETRYD_SESSION_TIMEOUT_MS": str(s.session_timeout_ms),
+            "RETRYD_MAX_POLL_INTERVAL_MS": str(s.max_poll_interval_ms),
+            "RETRYD_NON_RETRYABLE": ",".join(s.non_retryable),
+            "RETRYD_STATE_DIR": str(s.state_dir),
+        }
+
+    def spawn_worker(self, log_path: Path, *args: str) -> subprocess.Popen[bytes]:
+        env = {**self.env(), "RETRYD_TEST_LOG": str(log_path)}
+        stderr = open(log_path.with_suffix(f".{len(list(log_path.parent.iterdir()))}.stderr"), "wb")  # noqa: SIM115
+        return subprocess.Popen(
+            [sys.executable, "-m", "retryd", "worker", *args],
+            env=env,
+            cwd=REPO,
+            stdout=stderr,
+            stderr=subprocess.STDOUT,
+        )
+
+
+def deployment(
+    bootstrap: str,
+    tmp_path: Path,
+    *,
+    sequence: str = "1s,1s,2s",
+    partitions: int = 1,
+    tier_partitions: int | None = None,
+    **overrides: Any,
+) -> Deployment:
+    group = unique("g")
+    main = unique("main")
+    settings = load_settings(
+        bootstrap_servers=bootstrap,
+        main_topics=main,
+        retry_sequence=sequence,
+        tier_template="{group}.retry_{delay}",
+        failed_topic=f"{group}.failed",
+        group_id=group,
+        handler=HANDLER,
+        handler_timeout_s=overrides.pop("handler_timeout_s", 2.0),
+        session_timeout_ms=TEST_SESSION_TIMEOUT_MS,
+        max_poll_interval_ms=overrides.pop("max_poll_interval_ms", 30_000),
+        state_dir=tmp_path / "state",
+        poll_timeout_s=0.2,
+        **overrides,
+    )
+    create_topics(bootstrap, [main], partitions)
+    create_topics(bootstrap, settings.plan.tier_topics, tier_partitions or partitions)
+    create_topics(bootstrap, [settings.failed_topic], 1)
+    handlers.CALLS.clear()
+    return Deployment(bootstrap, settings, main)
+
+
+def calls_for(ident: str) -> list[dict]:
+    return [c for c in handlers.CALLS if c["id"] == ident]
+
+
+def stop_process(proc: subprocess.Popen[bytes], timeout: float = 20) -> int:
+    """Stop a process the test started, by PID: SIGTERM, then SIGKILL."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout)
+    return proc.returncode
