@@ -15,10 +15,12 @@ from typing import Annotated, Any
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
+    EnvSettingsSource,
     NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
 )
+from pydantic_settings.exceptions import SettingsError
 
 from retryd.errors import ConfigError, SequenceError
 from retryd.policy.sequence import RetryPlan, validate_topic_name
@@ -59,6 +61,18 @@ class _TomlSource(PydanticBaseSettingsSource):
 
     def __call__(self) -> dict[str, Any]:
         return dict(_TOML_DATA.get() or {})
+
+
+class _EnvSource(EnvSettingsSource):
+    """RETRYD_* variables. Undecodable JSON (RETRYD_KAFKA) is passed on as the raw string so
+    the field validator reports it as a readable config line instead of a crash; valid JSON
+    still merges key by key with the TOML [kafka] table."""
+
+    def decode_complex_value(self, field_name: str, field: Any, value: Any) -> Any:
+        try:
+            return super().decode_complex_value(field_name, field, value)
+        except ValueError:
+            return value
 
 
 class Settings(BaseSettings):
@@ -113,7 +127,7 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return (init_settings, env_settings, _TomlSource(settings_cls))
+        return (init_settings, _EnvSource(settings_cls), _TomlSource(settings_cls))
 
     _split = field_validator("main_topics", "non_retryable", "replay_allowlist", mode="before")(
         _split_list
@@ -134,6 +148,8 @@ class Settings(BaseSettings):
             for key, item in value.items():
                 if not _KAFKA_KEY_RE.match(str(key)):
                     raise ValueError(f"{key!r} is not a librdkafka option name")
+                if not isinstance(item, str | int | float | bool):
+                    raise ValueError(f"{key!r} must be a string, number or boolean")
                 out[str(key)] = str(item).lower() if isinstance(item, bool) else str(item)
             return out
         return value
@@ -256,6 +272,8 @@ def load_settings(config_file: Path | str | None = None, **overrides: Any) -> Se
     token = _TOML_DATA.set(data)
     try:
         return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    except SettingsError as exc:  # a source could not even be parsed
+        raise ConfigError([str(exc)]) from exc
     except ValidationError as exc:
         lines = []
         for err in exc.errors():
