@@ -87,6 +87,7 @@ class Worker:
         self._fatal: BaseException | None = None
         self._inflight = 0
         self._joined = False
+        self._closing = False
         self._idle_since: float | None = None
         self._partition_counts: dict[str, int] = {}
         self._consumer: Consumer | None = None
@@ -175,6 +176,7 @@ class Worker:
             if consumer is not None:
                 self._store_offsets()
                 self._commit_sync(None)
+                self._closing = True
                 consumer.close()
         except KafkaException as exc:
             log.error("error while closing the consumer: %s", exc)
@@ -425,8 +427,9 @@ class Worker:
         log.info("assigned %s", _fmt(partitions))
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        m.REBALANCES.labels(kind="revoke").inc()
-        self.summary.rebalances["revoke"] += 1
+        if not self._closing:  # the revoke of a clean close is not a rebalance
+            m.REBALANCES.labels(kind="revoke").inc()
+            self.summary.rebalances["revoke"] += 1
         if self._producer is not None and self._inflight:
             remaining = self._producer.flush(30)
             if remaining:

@@ -1,0 +1,141 @@
+"""Worker processes under failure: SIGKILL mid-stream loses nothing; SIGTERM exits cleanly."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections import Counter
+from pathlib import Path
+
+from confluent_kafka import Consumer, TopicPartition
+
+from retryd.policy import headers as h
+from tests.integration.worker_support import deployment, stop_process
+from tests.support import read_topic, wait_for
+
+
+def _lines(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _specs(n: int) -> list[dict]:
+    specs = []
+    for i in range(n):
+        if i % 10 == 3:
+            specs.append({"id": f"m{i}", "mode": "fail_k", "k": 1})
+        elif i % 10 == 7:
+            specs.append({"id": f"m{i}", "mode": "non_retryable"})
+        else:
+            specs.append({"id": f"m{i}", "mode": "slow", "seconds": 0.001})
+    return specs
+
+
+def _terminal_handled(calls: list[dict], specs: dict[str, dict]) -> Counter[str]:
+    """Ids whose handler call succeeded (a fail_k message succeeds on its k-th retry)."""
+    done: Counter[str] = Counter()
+    for call in calls:
+        spec = specs[call["id"]]
+        if spec["mode"] == "slow" or (
+            spec["mode"] == "fail_k" and call["retry_number"] >= spec["k"]
+        ):
+            done[call["id"]] += 1
+    return done
+
+
+def test_sigkill_one_of_two_workers_loses_nothing(bootstrap: str, tmp_path: Path) -> None:
+    n = 5000
+    dep = deployment(bootstrap, tmp_path, sequence="1s", partitions=4)
+    specs = _specs(n)
+    by_id = {s["id"]: s for s in specs}
+    dep.send(specs)
+    log_a, log_b = tmp_path / "a.log", tmp_path / "b.log"
+    a = dep.spawn_worker(log_a)
+    b = dep.spawn_worker(log_b)
+    try:
+        # both share the partitions, then kill one mid-stream
+        wait_for(
+            lambda: len(_lines(log_a)) > 300 and len(_lines(log_b)) > 300, 60, what="both busy"
+        )
+        a.send_signal(signal.SIGKILL)
+        a.wait(10)
+        killed_at = len(_lines(log_a))
+        assert killed_at < n * 0.9, "worker A finished before it was killed: make the stream longer"
+
+        expected_dead = {s["id"] for s in specs if s["mode"] == "non_retryable"}
+        expected_handled = set(by_id) - expected_dead
+
+        def all_terminal() -> bool:
+            handled = _terminal_handled(_lines(log_a) + _lines(log_b), by_id)
+            return set(handled) >= expected_handled
+
+        wait_for(all_terminal, 120, interval=0.5, what="every message handled")
+        dead = read_topic(bootstrap, dep.failed, expect=len(expected_dead), timeout=60)
+    finally:
+        for proc in (a, b):
+            stop_process(proc)
+    handled = _terminal_handled(_lines(log_a) + _lines(log_b), by_id)
+    dead_ids = Counter(json.loads(r.value or b"{}")["id"] for r in dead)
+    assert set(dead_ids) == expected_dead
+    assert not (set(handled) & set(dead_ids)), "a message ended in two places"
+    assert set(handled) | set(dead_ids) == set(by_id), "lost messages"
+    for rec in dead:
+        assert rec.header(h.DEAD_REASON) == b"non_retryable"
+    dup_handled = sum(c - 1 for c in handled.values())
+    dup_dead = sum(c - 1 for c in dead_ids.values())
+    print(
+        f"\nSIGKILL test: {n} messages, worker A killed after {killed_at} calls; "
+        f"duplicates: {dup_handled} handled twice, {dup_dead} dead-lettered twice"
+    )
+
+
+def test_sigterm_during_load_exits_zero_with_offsets_committed(
+    bootstrap: str, tmp_path: Path
+) -> None:
+    n = 3000
+    dep = deployment(bootstrap, tmp_path, sequence="1s", partitions=2)
+    specs = [{"id": f"t{i}", "mode": "slow", "seconds": 0.002} for i in range(n)]
+    dep.send(specs)
+    log1 = tmp_path / "w1.log"
+    w1 = dep.spawn_worker(log1)
+    try:
+        wait_for(lambda: len(_lines(log1)) > 500, 60, what="worker busy")
+        w1.send_signal(signal.SIGTERM)
+        t0 = time.monotonic()
+        code = w1.wait(20)
+        took = time.monotonic() - t0
+    finally:
+        stop_process(w1)
+    assert code == 0
+    first = _lines(log1)
+    assert len(first) < n, "finished before SIGTERM: make the stream longer"
+    print(f"\nSIGTERM: exited 0 in {took:.2f}s after {len(first)} messages")
+
+    # committed offsets cover exactly what was handled, partition by partition
+    reader = Consumer({"bootstrap.servers": bootstrap, "group.id": dep.settings.group_id})
+    try:
+        committed = reader.committed([TopicPartition(dep.main, p) for p in (0, 1)], timeout=10)
+    finally:
+        reader.close()
+    handled_max: dict[int, int] = {}
+    for c in first:
+        handled_max[c["partition"]] = max(handled_max.get(c["partition"], -1), c["offset"])
+    for tp in committed:
+        if tp.partition in handled_max:
+            assert tp.offset == handled_max[tp.partition] + 1, (tp, handled_max)
+        else:
+            assert tp.offset < 0, f"nothing handled on {tp.partition} but {tp.offset} committed"
+
+    # a second worker finishes the rest: nothing lost, nothing handled twice
+    log2 = tmp_path / "w2.log"
+    w2 = dep.spawn_worker(log2, "--until-drained")
+    try:
+        assert w2.wait(120) == 0
+    finally:
+        stop_process(w2)
+    ids = Counter(c["id"] for c in first + _lines(log2))
+    assert set(ids) == {s["id"] for s in specs}
+    assert max(ids.values()) == 1
+    assert read_topic(bootstrap, dep.failed) == []

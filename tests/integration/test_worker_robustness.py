@@ -1,0 +1,92 @@
+"""Bad input and misbehaving handlers: the documented outcome, and the worker keeps running."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from retryd.policy import headers as h
+from tests.integration.worker_support import calls_for, deployment
+from tests.support import produce, read_topic
+
+
+def test_malformed_tier_messages_are_dead_lettered_and_valid_ones_still_handled(
+    bootstrap: str, tmp_path: Path
+) -> None:
+    dep = deployment(bootstrap, tmp_path, sequence="1s")
+    tier = dep.tier("1s")
+    good = [
+        (h.RETRY_NUMBER, b"1"),
+        (h.RETRY_TIMESTAMP, b"0"),
+        (h.ORIGINAL_TOPIC, dep.main.encode()),
+        (h.ORIGINAL_PARTITION, b"0"),
+        (h.ORIGINAL_OFFSET, b"7"),
+    ]
+    bad = {
+        b"missing": [("user", b"x")],
+        b"not-a-number": [(k, b"abc" if k == h.RETRY_NUMBER else v) for k, v in good],
+        b"non-utf8": [(k, b"\xff\xfe" if k == h.RETRY_TIMESTAMP else v) for k, v in good],
+        b"negative": [(k, b"-5" if k == h.ORIGINAL_OFFSET else v) for k, v in good],
+        b"zero-retry": [(k, b"0" if k == h.RETRY_NUMBER else v) for k, v in good],
+        b"none-value": [(k, None if k == h.ORIGINAL_TOPIC else v) for k, v in good],
+    }
+    records: list = [(key, b'{"id": "bad"}', hdrs) for key, hdrs in bad.items()]
+    records.append((b"empty", b"", [*good, ("bin", b"\x80\x81")]))  # valid headers, empty value
+    records.append((b"tomb", None, good))  # valid headers, null value
+    records.append((b"ok", b'{"id": "tier-ok"}', good))
+    produce(bootstrap, tier, records)
+    dep.send([{"id": "main-ok"}], headers=[("bin", b"\xc3\x28")])
+
+    summary = dep.run()
+
+    dead = read_topic(bootstrap, dep.failed, expect=len(bad))
+    assert sorted(r.key for r in dead) == sorted(bad)
+    for rec in dead:
+        assert rec.header(h.DEAD_REASON) == b"malformed"
+        assert rec.header(h.ERROR_CLASS) == b"malformed_headers"
+        assert tier.encode() in (rec.header(h.ERROR_MESSAGE) or b"")
+        assert rec.value == b'{"id": "bad"}'
+    by_key = {r.key: r for r in dead}
+    assert by_key[b"missing"].header("user") == b"x"
+    assert by_key[b"not-a-number"].header(h.ORIGINAL_OFFSET) == b"7"  # kept what parsed
+    assert len(calls_for("tier-ok")) == 1 and len(calls_for("main-ok")) == 1
+    assert len([c for c in calls_for(None) if c["topic"] == tier]) == 2  # empty and null values
+    assert summary.dead_reasons == {"malformed": len(bad)}
+    assert summary.total("success") == 4
+
+
+def test_raising_base_exception_and_hanging_handlers_are_retried(
+    bootstrap: str, tmp_path: Path
+) -> None:
+    dep = deployment(bootstrap, tmp_path, sequence="1s", handler_timeout_s=1.0)
+    dep.send(
+        [
+            {"id": "base", "mode": "base_exception"},
+            {"id": "hang", "mode": "hang", "seconds": 30},
+            {"id": "after", "mode": "ok"},
+        ]
+    )
+
+    summary = dep.run()
+
+    assert [c["retry_number"] for c in calls_for("base")] == [0, 1]
+    assert [c["retry_number"] for c in calls_for("hang")] == [0, 1]
+    assert [c["retry_number"] for c in calls_for("after")] == [0]
+    hops = read_topic(bootstrap, dep.tier("1s"), expect=2)
+    classes = {r.key: r.header(h.ERROR_CLASS) for r in hops}
+    assert classes == {b"base": b"tests.integration.handlers.Unusual", b"hang": b"timeout"}
+    assert read_topic(bootstrap, dep.failed) == []
+    assert summary.total("success") == 3
+
+
+def test_tier_wait_of_three_poll_intervals_keeps_membership(bootstrap: str, tmp_path: Path) -> None:
+    # 18 s wait = 3 x max.poll.interval.ms (6 s, the smallest librdkafka allows with a 6 s session).
+    dep = deployment(bootstrap, tmp_path, sequence="18s", max_poll_interval_ms=6000)
+    dep.send([{"id": "wait", "mode": "fail_k", "k": 1}])
+
+    summary = dep.run()
+
+    calls = calls_for("wait")
+    assert [c["retry_number"] for c in calls] == [0, 1], "no duplicate, no loss"
+    assert calls[1]["called_ms"] >= calls[1]["retry_timestamp"]
+    assert calls[1]["retry_timestamp"] - calls[0]["called_ms"] >= 18_000
+    assert summary.rebalances == {"assign": 1}, summary.rebalances
