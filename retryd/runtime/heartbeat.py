@@ -23,6 +23,7 @@ class Heartbeat:
     assigned_partitions: int
     paused_partitions: int
     state: str  # starting | running | stopping
+    drained: bool = False  # every assigned partition at its end, nothing in flight or waiting
 
 
 class HeartbeatWriter:
@@ -35,12 +36,19 @@ class HeartbeatWriter:
         self.interval_s = interval_s
         self._last = 0.0
 
-    def beat(self, assigned: int, paused: int, state: str = "running", force: bool = False) -> None:
+    def beat(
+        self,
+        assigned: int,
+        paused: int,
+        state: str = "running",
+        force: bool = False,
+        drained: bool = False,
+    ) -> None:
         now = time.time()
         if not force and now - self._last < self.interval_s:
             return
         self._last = now
-        hb = Heartbeat(os.getpid(), self.role, self.group_id, now, assigned, paused, state)
+        hb = Heartbeat(os.getpid(), self.role, self.group_id, now, assigned, paused, state, drained)
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps(asdict(hb)), encoding="utf-8")
         os.replace(tmp, self.path)

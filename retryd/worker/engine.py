@@ -72,14 +72,9 @@ class Worker:
         self.drain_grace_s = drain_grace_s
         self.main_topics = list(settings.main_topics)
         self.tier_delays = self.plan.tier_delays
-        topics: list[str] = []
-        if self.role in (Role.ALL, Role.MAIN):
-            topics += self.main_topics
-        if self.role in (Role.ALL, Role.TIERS):
-            topics += list(self.tier_delays)
-        if not topics:
+        self.topics = topics_for_role(settings, self.role)
+        if not self.topics:
             raise KafkaSetupError("nothing to consume: set main_topics (RETRYD_MAIN_TOPICS)")
-        self.topics = topics
         self.summary = RunSummary()
         self._parts: dict[TP, _Partition] = {}
         self._schedule = PauseSchedule()
@@ -170,7 +165,7 @@ class Worker:
                 remaining = producer.flush(30)
                 if remaining:
                     log.error(
-                        "%d routed copies still undelivered at shutdown; their inputs stay uncommitted",
+                        "%d routed copies undelivered at shutdown; their inputs stay uncommitted",
                         remaining,
                     )
             if consumer is not None:
@@ -301,7 +296,8 @@ class Worker:
         if self.handler.abandoned > self.settings.max_abandoned_handlers:
             self._fatal = KafkaSetupError(
                 f"{self.handler.abandoned} handler calls are hung past their timeout "
-                f"(max_abandoned_handlers={self.settings.max_abandoned_handlers}); restarting the process"
+                f"(max_abandoned_handlers={self.settings.max_abandoned_handlers}); "
+                "exiting so the process is restarted"
             )
         return result
 
@@ -314,7 +310,8 @@ class Worker:
             self._inflight -= 1
             if err is not None:
                 self._fatal = DeliveryError(
-                    f"routed copy of {source_topic}[{tp[1]}]@{offset} to {route.topic} failed: {err}"
+                    f"routed copy of {source_topic}[{tp[1]}]@{offset} "
+                    f"to {route.topic} failed: {err}"
                 )
                 log.error("%s", self._fatal)
                 return
@@ -482,22 +479,34 @@ class Worker:
 
     def _beat(self) -> None:
         if self._heartbeat is not None:
-            self._heartbeat.beat(len(self._parts), len(self._schedule))
+            self._heartbeat.beat(len(self._parts), len(self._schedule), drained=self._idle())
 
-    def _drained(self, busy: bool) -> bool:
-        now = time.monotonic()
-        done = (
+    def _idle(self) -> bool:
+        """Nothing left to do right now on the partitions this process owns."""
+        return (
             self._joined
             and not self._inflight
             and not len(self._schedule)
             and all(state.drained() for state in self._parts.values())
         )
-        if busy or not done:
+
+    def _drained(self, busy: bool) -> bool:
+        now = time.monotonic()
+        if busy or not self._idle():
             self._idle_since = None
             return False
         if self._idle_since is None:
             self._idle_since = now
         return now - self._idle_since >= self.drain_grace_s
+
+
+def topics_for_role(settings: Settings, role: Role) -> list[str]:
+    topics: list[str] = []
+    if role in (Role.ALL, Role.MAIN):
+        topics += settings.main_topics
+    if role in (Role.ALL, Role.TIERS):
+        topics += settings.plan.tier_topics
+    return topics
 
 
 def _fmt(partitions: list[TopicPartition]) -> str:

@@ -1,7 +1,7 @@
 """When paused partitions become due.
 
-Within one tier topic every message has the same delay, so due times grow along a partition: if the
-head is not due, nothing behind it is, and pausing the whole partition until the head is due is exact.
+Within one tier topic every message has the same delay, so due times grow along a partition:
+if the head is not due, nothing behind it is, and pausing the whole partition is exact.
 """
 
 from __future__ import annotations

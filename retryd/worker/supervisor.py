@@ -14,6 +14,7 @@ from multiprocessing.process import BaseProcess
 from types import FrameType
 
 from retryd.config import Role, Settings
+from retryd.worker.drain import DrainWatch
 from retryd.worker.process import EXIT_OK, EXIT_SETUP, child_main
 
 log = logging.getLogger(__name__)
@@ -22,10 +23,24 @@ MAX_QUICK_FAILURES = 5
 QUICK_S = 10.0
 
 
+def _total_partitions(settings: Settings, role: Role) -> int:
+    from confluent_kafka.admin import AdminClient
+
+    from retryd.worker.engine import topics_for_role
+
+    topics = topics_for_role(settings, role)
+    md = AdminClient(dict(settings.kafka_common())).list_topics(timeout=10)
+    return sum(len(md.topics[t].partitions) for t in topics if t in md.topics)
+
+
 def supervise(
     settings: Settings, role: Role, processes: int, *, until_drained: bool = False
 ) -> int:
+    """Run ``processes`` children; with ``until_drained``, stop them all once the group is drained."""
     ctx = multiprocessing.get_context("spawn")
+    watch = (
+        DrainWatch(settings.state_dir, _total_partitions(settings, role)) if until_drained else None
+    )
     level = logging.getLevelName(logging.getLogger().getEffectiveLevel())
     stopping = False
     children: dict[int, tuple[BaseProcess, float]] = {}
@@ -34,7 +49,7 @@ def supervise(
 
     def start_one() -> None:
         proc = ctx.Process(
-            target=child_main, args=(settings, role, until_drained, level), name="retryd-worker"
+            target=child_main, args=(settings, role, False, level), name="retryd-worker"
         )
         proc.start()
         assert proc.pid is not None
@@ -53,7 +68,10 @@ def supervise(
     for _ in range(processes):
         start_one()
     while children:
-        ready = wait([p.sentinel for p, _ in children.values()], timeout=1.0)
+        ready = wait([p.sentinel for p, _ in children.values()], timeout=0.5)
+        if watch is not None and not stopping and watch.check(children):
+            log.info("all %d worker processes drained the group: stopping them", len(children))
+            on_signal(signal.SIGTERM, None)
         for pid, (proc, started) in list(children.items()):
             if proc.sentinel not in ready:
                 continue

@@ -139,3 +139,27 @@ def test_sigterm_during_load_exits_zero_with_offsets_committed(
     assert set(ids) == {s["id"] for s in specs}
     assert max(ids.values()) == 1
     assert read_topic(bootstrap, dep.failed) == []
+
+
+def test_supervisor_with_two_processes_drains_the_group_and_exits_zero(
+    bootstrap: str, tmp_path: Path
+) -> None:
+    n = 600
+    dep = deployment(bootstrap, tmp_path, sequence="1s,1s", partitions=2)
+    specs = _specs(n)
+    by_id = {s["id"]: s for s in specs}
+    dep.send(specs)
+    log = tmp_path / "sup.log"
+    sup = dep.spawn_worker(log, "--processes", "2", "--until-drained")
+    try:
+        code = sup.wait(120)
+    finally:
+        stop_process(sup)
+    assert code == 0
+    calls = _lines(log)
+    assert len({c["pid"] for c in calls}) == 2, "both processes took part"
+    handled = _terminal_handled(calls, by_id)
+    dead = read_topic(bootstrap, dep.failed)
+    dead_ids = {json.loads(r.value or b"{}")["id"] for r in dead}
+    assert set(handled) | dead_ids == set(by_id)
+    assert dead_ids == {s["id"] for s in specs if s["mode"] == "non_retryable"}
