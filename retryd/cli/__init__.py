@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 # Sub-command modules register themselves on import.
+from retryd.cli import replay as _replay  # noqa: F401
+from retryd.cli import sidecar as _sidecar  # noqa: F401
 from retryd.cli import topics as _topics  # noqa: F401
 from retryd.cli import version as _version  # noqa: F401
 from retryd.cli import worker as _worker  # noqa: F401

@@ -1,0 +1,1 @@
+"""The sidecar's HTTP API: health, metrics, and failed-message browsing and replay."""

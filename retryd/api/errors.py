@@ -1,0 +1,88 @@
+"""Error responses: every failure becomes ``ErrorBody`` JSON with a fitting 4xx/5xx status."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from retryd.api.schemas import ErrorBody
+from retryd.replay.errors import (
+    AlreadyReplayed,
+    BrokerUnavailable,
+    InvalidRequest,
+    InvalidTarget,
+    RecordNotFound,
+    ReplayError,
+    ReplayFailed,
+    TargetRefused,
+)
+from retryd.replay.jobs import TooManyJobs
+
+log = logging.getLogger(__name__)
+
+STATUS: list[tuple[type[ReplayError], int, str]] = [
+    (RecordNotFound, 404, "not_found"),
+    (AlreadyReplayed, 409, "already_replayed"),
+    (InvalidTarget, 422, "invalid_target"),
+    (TargetRefused, 403, "target_refused"),
+    (InvalidRequest, 400, "bad_request"),
+    (TooManyJobs, 429, "too_many_jobs"),
+    (BrokerUnavailable, 503, "broker_unavailable"),
+    (ReplayFailed, 502, "replay_failed"),
+]
+
+
+def error_json(
+    status: int,
+    error: str,
+    detail: str,
+    problems: list[str] | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
+    body = ErrorBody(error=error, detail=detail, problems=problems or [])
+    return JSONResponse(body.model_dump(), status_code=status, headers=headers)
+
+
+def _field(loc: Any) -> str:
+    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
+    where = str(loc[0]) if loc else "request"
+    return f"{where} {'.'.join(parts)}".strip() if parts else where
+
+
+def describe_validation(exc: RequestValidationError) -> list[str]:
+    lines = []
+    for err in exc.errors():
+        msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+        lines.append(f"{_field(err.get('loc', ()))}: {msg}")
+    return lines
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = describe_validation(exc)
+        return error_json(422, "invalid_request", "; ".join(problems)[:2000], problems)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "error")
+        return error_json(exc.status_code, code, str(exc.detail), headers=dict(exc.headers or {}))
+
+    @app.exception_handler(ReplayError)
+    async def _replay(request: Request, exc: ReplayError) -> JSONResponse:
+        for cls, status, code in STATUS:
+            if isinstance(exc, cls):
+                if status >= 500:
+                    log.warning("%s %s: %s", request.method, request.url.path, exc)
+                return error_json(status, code, str(exc))
+        return error_json(400, "replay_error", str(exc))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("%s %s failed", request.method, request.url.path)
+        return error_json(500, "internal_error", f"internal error ({exc.__class__.__name__})")

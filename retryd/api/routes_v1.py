@@ -1,0 +1,252 @@
+"""``/v1``: browse failed_topic, replay one record, bulk replay jobs (bearer token required)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Path, Query, Request, Security
+
+from retryd.api.auth import bearer_scheme
+from retryd.api.schemas import (
+    MAX_MS,
+    MAX_OFFSET,
+    MAX_PARTITION,
+    DeadReason,
+    ErrorBody,
+    FailedPage,
+    FailedRecordOut,
+    FilterIn,
+    LedgerEntryOut,
+    ReplayJobIn,
+    ReplayJobList,
+    ReplayJobOut,
+    ReplayOneIn,
+    ReplayOneOut,
+)
+from retryd.api.state import Sidecar
+from retryd.replay.browse import browse, read_record
+from retryd.replay.errors import RecordNotFound
+from retryd.replay.jobs import JobSpec
+from retryd.replay.ledger import LedgerEntry
+from retryd.replay.records import PREVIEW_MAX, RecordFilter, key_from, render_record
+
+
+def _err(description: str) -> dict[str, Any]:
+    return {"model": ErrorBody, "description": description}
+
+
+COMMON: dict[int | str, dict[str, Any]] = {
+    401: _err("missing or invalid bearer token"),
+    422: _err("invalid request: `problems` lists each invalid field"),
+    503: _err("/v1 disabled (no api_token configured), or Kafka did not answer"),
+}
+
+router = APIRouter(
+    prefix="/v1",
+    tags=["failed messages"],
+    dependencies=[Security(bearer_scheme)],
+    responses=COMMON,
+)
+
+PartitionPath = Annotated[int, Path(ge=0, le=MAX_PARTITION, description="failed_topic partition")]
+OffsetPath = Annotated[int, Path(ge=0, le=MAX_OFFSET, description="offset in that partition")]
+
+
+def _sidecar(request: Request) -> Sidecar:
+    state: Sidecar = request.app.state.sidecar
+    return state
+
+
+def _ledger_out(entry: LedgerEntry | None) -> LedgerEntryOut | None:
+    if entry is None:
+        return None
+    return LedgerEntryOut.model_validate(entry, from_attributes=True)
+
+
+def to_filter(f: FilterIn) -> RecordFilter:
+    return RecordFilter(
+        original_topic=f.original_topic,
+        error_class=f.error_class,
+        dead_reason=f.dead_reason,
+        since_ms=f.since_ms,
+        until_ms=f.until_ms,
+        key=key_from(f.key, f.key_base64),
+        partition=f.partition,
+    )
+
+
+@router.get(
+    "/failed",
+    response_model=FailedPage,
+    summary="Browse failed_topic with filters and cursor pagination",
+    responses={400: _err("the cursor is not valid for this topic")},
+)
+def list_failed(
+    request: Request,
+    original_topic: Annotated[str | None, Query(max_length=249)] = None,
+    error_class: Annotated[str | None, Query(max_length=1024)] = None,
+    dead_reason: Annotated[DeadReason | None, Query()] = None,
+    since_ms: Annotated[
+        int | None, Query(ge=0, le=MAX_MS, description="epoch ms, inclusive")
+    ] = None,
+    until_ms: Annotated[
+        int | None, Query(ge=0, le=MAX_MS, description="epoch ms, exclusive")
+    ] = None,
+    key: Annotated[str | None, Query(max_length=65536, description="exact key (UTF-8)")] = None,
+    key_base64: Annotated[str | None, Query(max_length=87384)] = None,
+    partition: Annotated[int | None, Query(ge=0, le=MAX_PARTITION)] = None,
+    cursor: Annotated[str | None, Query(max_length=65536, description="next_cursor")] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    preview_bytes: Annotated[int, Query(ge=0, le=65536)] = 1024,
+) -> FailedPage:
+    sc = _sidecar(request)
+    flt = to_filter(
+        FilterIn(
+            original_topic=original_topic,
+            error_class=error_class,
+            dead_reason=dead_reason,
+            since_ms=since_ms,
+            until_ms=until_ms,
+            key=key,
+            key_base64=key_base64,
+            partition=partition,
+        )
+    )
+    page = browse(
+        sc.pool,
+        flt,
+        cursor=cursor,
+        limit=limit,
+        preview_bytes=preview_bytes,
+        timeout_s=sc.timeout_s,
+    )
+    ledger = sc.ready_ledger()
+    items = [
+        FailedRecordOut(**item, replayed=_ledger_out(ledger.get(item["coordinate"])))
+        for item in page.items
+    ]
+    return FailedPage(
+        items=items, next_cursor=page.next_cursor, has_more=page.has_more, scanned=page.scanned
+    )
+
+
+@router.get(
+    "/failed/{partition}/{offset}",
+    response_model=FailedRecordOut,
+    summary="One failed record, headers decoded",
+    responses={404: _err("no record at that partition/offset")},
+)
+def get_failed(
+    request: Request,
+    partition: PartitionPath,
+    offset: OffsetPath,
+    preview_bytes: Annotated[int, Query(ge=0, le=PREVIEW_MAX)] = 65536,
+) -> FailedRecordOut:
+    sc = _sidecar(request)
+    rec = read_record(sc.pool, partition, offset, sc.timeout_s)
+    ledger = sc.ready_ledger()
+    return FailedRecordOut(
+        **render_record(rec, preview_bytes), replayed=_ledger_out(ledger.get(rec.coord))
+    )
+
+
+@router.post(
+    "/failed/{partition}/{offset}/replay",
+    response_model=ReplayOneOut,
+    summary="Replay one failed record (fresh retry sequence)",
+    responses={
+        403: _err("target topic not in the replay allow-list"),
+        404: _err("no record at that partition/offset"),
+        409: _err("already replayed (see the ledger entry); pass force=true to replay again"),
+        502: _err("producing the copy or its ledger record failed"),
+    },
+)
+def replay_one(
+    request: Request,
+    partition: PartitionPath,
+    offset: OffsetPath,
+    body: Annotated[ReplayOneIn | None, Body()] = None,
+    force: Annotated[bool, Query(description="same as body force")] = False,
+) -> ReplayOneOut:
+    sc = _sidecar(request)
+    want = body or ReplayOneIn()
+    rec = read_record(sc.pool, partition, offset, sc.timeout_s)
+    sc.ready_ledger()
+    out = sc.replayer.replay(rec, target=want.target, force=want.force or force)
+    return ReplayOneOut(
+        replay_id=out.replay_id,
+        coordinate=out.coordinate,
+        target_topic=out.target_topic,
+        target_partition=out.target_partition,
+        target_offset=out.target_offset,
+        forced=out.forced,
+        previous=_ledger_out(out.previous),
+        concurrent_replays=[e for e in map(_ledger_out, out.concurrent) if e is not None],
+    )
+
+
+@router.post(
+    "/replays",
+    response_model=ReplayJobOut,
+    status_code=202,
+    summary="Start a bulk replay job (or a dry run)",
+    responses={
+        403: _err("target topic not in the replay allow-list"),
+        429: _err("too many jobs running in this sidecar"),
+    },
+)
+def create_job(request: Request, body: ReplayJobIn) -> ReplayJobOut:
+    sc = _sidecar(request)
+    flt = to_filter(body.filter)
+    if body.target is not None:
+        sc.policy.require_allowed(body.target)
+        sc.policy.require_existing(body.target)
+    sc.ready_ledger()
+    job = sc.jobs.create(
+        JobSpec(
+            filter=flt,
+            target=body.target,
+            max_per_second=body.max_per_second,
+            max_messages=body.max_messages,
+            dry_run=body.dry_run,
+            force=body.force,
+        )
+    )
+    return ReplayJobOut(**job.snapshot())
+
+
+@router.get("/replays", response_model=ReplayJobList, summary="Jobs of this sidecar process")
+def list_jobs(request: Request) -> ReplayJobList:
+    return ReplayJobList(jobs=[ReplayJobOut(**j.snapshot()) for j in _sidecar(request).jobs.list()])
+
+
+JobIdPath = Annotated[str, Path(max_length=64, description="job id from POST /v1/replays")]
+
+
+@router.get(
+    "/replays/{job_id}",
+    response_model=ReplayJobOut,
+    summary="Progress of a replay job",
+    responses={404: _err("no such job in this sidecar process")},
+)
+def get_job(request: Request, job_id: JobIdPath) -> ReplayJobOut:
+    job = _sidecar(request).jobs.get(job_id)
+    if job is None:
+        raise RecordNotFound(f"no replay job {job_id} in this sidecar process")
+    return ReplayJobOut(**job.snapshot())
+
+
+@router.delete(
+    "/replays/{job_id}",
+    response_model=ReplayJobOut,
+    summary="Cancel a replay job; returns its progress once it stopped",
+    responses={404: _err("no such job in this sidecar process")},
+)
+def cancel_job(request: Request, job_id: JobIdPath) -> ReplayJobOut:
+    sc = _sidecar(request)
+    job = sc.jobs.get(job_id)
+    if job is None:
+        raise RecordNotFound(f"no replay job {job_id} in this sidecar process")
+    job.cancel()
+    job.wait(sc.timeout_s * 2)
+    return ReplayJobOut(**job.snapshot())

@@ -1,0 +1,177 @@
+"""Request and response bodies of the sidecar API (they make up the OpenAPI schema)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+TOPIC_PATTERN = r"^[A-Za-z0-9._-]{1,249}$"
+DeadReason = Literal["exhausted", "non_retryable", "malformed"]
+MAX_OFFSET = 2**63 - 1
+MAX_PARTITION = 2**31 - 1
+MAX_MS = 2**53
+
+
+class ErrorBody(BaseModel):
+    """Every error response: a short code, a readable sentence, and one line per problem."""
+
+    error: str = Field(description="short machine-readable code, e.g. not_found")
+    detail: str = Field(description="what went wrong, for a person")
+    problems: list[str] = Field(default_factory=list, description="one line per invalid field")
+
+
+class Health(BaseModel):
+    status: Literal["ok"] = "ok"
+
+
+class WorkerState(BaseModel):
+    pid: int
+    role: str
+    group_id: str
+    state: str
+    age_seconds: float
+    alive: bool
+    assigned_partitions: int
+    paused_partitions: int
+
+
+class Readiness(BaseModel):
+    status: Literal["ready", "not_ready"]
+    reasons: list[str] = Field(description="why the sidecar is not ready; empty when ready")
+    broker: dict[str, Any]
+    workers: list[WorkerState]
+
+
+class Preview(BaseModel):
+    """Bytes shown as text when they are UTF-8, else base64; at most ``preview_bytes``."""
+
+    encoding: Literal["utf-8", "base64"] | None = Field(description="null when the bytes are null")
+    data: str | None
+    size: int = Field(description="full size in bytes")
+    truncated: bool
+
+
+class HeaderPreview(Preview):
+    name: str
+
+
+class LedgerEntryOut(BaseModel):
+    replay_id: str
+    target_topic: str | None = None
+    target_partition: int | None = None
+    target_offset: int | None = None
+    replayed_at_ms: int = 0
+    forced: bool = False
+    by: str = ""
+
+
+class FailedRecordOut(BaseModel):
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int = Field(description="Kafka timestamp (epoch ms): when it was dead-lettered")
+    coordinate: str = Field(description="topic/partition/offset: the ledger key")
+    retryd: dict[str, str | int | None] = Field(description="decoded retryd headers")
+    headers: list[HeaderPreview] = Field(description="user headers, in order")
+    key: Preview
+    value: Preview
+    replayed: LedgerEntryOut | None = Field(
+        default=None, description="the ledger entry if this record was replayed"
+    )
+
+
+class FailedPage(BaseModel):
+    items: list[FailedRecordOut]
+    next_cursor: str = Field(description="opaque; pass it back as cursor= for the next page")
+    has_more: bool = Field(description="false when every partition was read to its end")
+    scanned: int = Field(description="records examined for this page")
+
+
+class FilterIn(BaseModel):
+    """Which failed records a job covers; every given field must match."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    original_topic: str | None = Field(default=None, max_length=249)
+    error_class: str | None = Field(default=None, max_length=1024)
+    dead_reason: DeadReason | None = None
+    since_ms: int | None = Field(default=None, ge=0, le=MAX_MS, description="epoch ms, inclusive")
+    until_ms: int | None = Field(default=None, ge=0, le=MAX_MS, description="epoch ms, exclusive")
+    key: str | None = Field(default=None, max_length=65536, description="exact key, as UTF-8")
+    key_base64: str | None = Field(default=None, max_length=87384, description="exact key")
+    partition: int | None = Field(default=None, ge=0, le=MAX_PARTITION)
+
+
+class ReplayOneIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    target: str | None = Field(
+        default=None,
+        pattern=TOPIC_PATTERN,
+        description="target topic (default: the record's original topic); must be allowed",
+    )
+    force: bool = Field(default=False, description="replay even if the ledger has it")
+
+
+class ReplayOneOut(BaseModel):
+    replay_id: str
+    coordinate: str
+    target_topic: str
+    target_partition: int
+    target_offset: int
+    forced: bool
+    previous: LedgerEntryOut | None
+    concurrent_replays: list[LedgerEntryOut] = Field(
+        description="other replays of the same record that raced this one (normally empty)"
+    )
+
+
+class ReplayJobIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    filter: FilterIn = Field(default_factory=FilterIn)
+    target: str | None = Field(
+        default=None,
+        pattern=TOPIC_PATTERN,
+        description="one target for every record (default: each record's original topic)",
+    )
+    max_per_second: float = Field(default=100.0, gt=0, le=100_000)
+    max_messages: int | None = Field(default=None, ge=1, le=10**9)
+    dry_run: bool = False
+    force: bool = False
+
+
+class ReplayJobOut(BaseModel):
+    id: str
+    state: Literal["pending", "counting", "running", "completed", "cancelled", "failed"]
+    dry_run: bool
+    filter: dict[str, Any]
+    target: str | None
+    max_per_second: float
+    max_messages: int | None
+    force: bool
+    scanned: int
+    matched: int = Field(description="records matching the filter in the job's snapshot")
+    to_replay: int = Field(description="matched records the job expects to replay")
+    replayed: int
+    skipped: int
+    failed: int
+    skipped_reasons: dict[str, int]
+    by_target: dict[str, int]
+    by_dead_reason: dict[str, int]
+    by_error_class: dict[str, int]
+    rate_per_second: float
+    eta_seconds: float | None
+    created_at: float
+    started_at: float | None
+    finished_at: float | None
+    stop_reason: str | None
+    position: dict[str, int] = Field(description="next offset per partition: where it stopped")
+    end_offsets: dict[str, int] = Field(description="the job's snapshot end per partition")
+    last_replayed: str | None
+    errors: list[str]
+
+
+class ReplayJobList(BaseModel):
+    jobs: list[ReplayJobOut]

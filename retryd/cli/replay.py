@@ -1,0 +1,190 @@
+"""``retryd replay``: bulk replay of failed records from the command line.
+
+Runs the same job code as ``POST /v1/replays`` (ledger, allow-list, rate limit), in this
+process, with a progress bar; ``--dry-run`` prints what would be replayed as tables.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from retryd.cli.app import ConfigOption, app, settings_or_exit
+from retryd.errors import RetrydError
+
+
+@app.command()
+def replay(
+    config: Path | None = ConfigOption,
+    original_topic: str | None = typer.Option(None, help="only records first seen on this topic"),
+    error_class: str | None = typer.Option(None, help="only this retryd_error_class"),
+    dead_reason: str | None = typer.Option(None, help="exhausted | non_retryable | malformed"),
+    since_ms: int | None = typer.Option(None, min=0, help="dead-lettered at or after (epoch ms)"),
+    until_ms: int | None = typer.Option(None, min=0, help="dead-lettered before (epoch ms)"),
+    key: str | None = typer.Option(None, help="only records with exactly this key (UTF-8)"),
+    partition: int | None = typer.Option(None, min=0, help="only this failed_topic partition"),
+    target: str | None = typer.Option(None, help="target topic (default: each original topic)"),
+    rate: float = typer.Option(100.0, min=0.001, help="at most this many replays per second"),
+    max_messages: int | None = typer.Option(None, min=1, help="stop after this many replays"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="count only; produce nothing"),
+    force: bool = typer.Option(False, "--force", help="replay records the ledger already has"),
+    as_json: bool = typer.Option(False, "--json", help="print the final progress as JSON"),
+    bootstrap_servers: str | None = typer.Option(None),
+    failed_topic: str | None = typer.Option(None),
+    main_topics: str | None = typer.Option(None, help="comma list (the default allow-list)"),
+) -> None:
+    """Replay failed records matching the filters (each at most once unless --force)."""
+    from retryd.api.state import allowed_targets
+    from retryd.replay.errors import InvalidTarget
+    from retryd.replay.jobs import JobSpec, ReplayJob
+    from retryd.replay.ledger import ReplayLedger
+    from retryd.replay.records import RecordFilter
+    from retryd.replay.replayer import TargetPolicy
+
+    settings = settings_or_exit(
+        config,
+        bootstrap_servers=bootstrap_servers,
+        failed_topic=failed_topic,
+        main_topics=main_topics,
+    )
+    if dead_reason is not None and dead_reason not in ("exhausted", "non_retryable", "malformed"):
+        typer.echo("retryd: --dead-reason must be exhausted, non_retryable or malformed", err=True)
+        raise typer.Exit(2)
+    console = Console(stderr=True)
+    common = dict(settings.kafka_common())
+    ledger = ReplayLedger(
+        common, settings.ledger_topic, replication_factor=settings.replication_factor
+    )
+    policy = TargetPolicy(common, allowed_targets(settings))
+    try:
+        if target is not None:
+            policy.require_allowed(target)
+            if policy.partitions(target) is None:
+                raise InvalidTarget(f"target topic {target} does not exist")
+        ledger.ensure_topic()
+        spec = JobSpec(
+            filter=RecordFilter(
+                original_topic=original_topic,
+                error_class=error_class,
+                dead_reason=dead_reason,
+                since_ms=since_ms,
+                until_ms=until_ms,
+                key=key.encode() if key is not None else None,
+                partition=partition,
+            ),
+            target=target,
+            max_per_second=rate,
+            max_messages=max_messages,
+            dry_run=dry_run,
+            force=force,
+        )
+        job = ReplayJob(
+            spec,
+            common=common,
+            failed_topic=settings.failed_topic,
+            ledger=ledger,
+            policy=policy,
+            by="cli",
+        )
+        snap = _run_with_progress(job, console, quiet=as_json)
+    except RetrydError as exc:
+        typer.echo(f"retryd: {exc}", err=True)
+        raise typer.Exit(1) from None
+    finally:
+        policy.close()
+        ledger.close()
+    if as_json:
+        typer.echo(json.dumps(snap, sort_keys=True))
+    else:
+        _print_summary(snap, Console())
+    if snap["state"] == "failed" or snap["failed"]:
+        raise typer.Exit(1)
+    if snap["state"] == "cancelled":
+        raise typer.Exit(130)
+
+
+def _run_with_progress(job: Any, console: Console, *, quiet: bool) -> dict[str, Any]:
+    job.start()
+    progress = Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[detail]}"),
+        TimeRemainingColumn(),
+        console=console,
+        disable=quiet,
+        transient=False,
+    )
+    try:
+        with progress:
+            task = progress.add_task("counting", total=None, detail="")
+            while not job.wait(0.2):
+                snap = job.snapshot()
+                total = snap["to_replay"] if snap["state"] == "running" else None
+                done = snap["replayed"] + snap["failed"]
+                progress.update(
+                    task,
+                    description=snap["state"],
+                    total=total,
+                    completed=done if total is not None else snap["matched"],
+                    detail=(
+                        f"skipped {snap['skipped']} failed {snap['failed']} "
+                        f"{snap['rate_per_second']:.0f}/s"
+                    ),
+                )
+            snap = job.snapshot()
+            progress.update(
+                task,
+                description=snap["state"],
+                total=max(snap["to_replay"], 1),
+                completed=snap["replayed"] + snap["failed"],
+            )
+    except KeyboardInterrupt:
+        console.print("cancelling: waiting for replays in flight to be acknowledged…")
+        job.cancel()
+        deadline = time.monotonic() + 60
+        while not job.wait(0.2) and time.monotonic() < deadline:
+            pass
+    return dict(job.snapshot())
+
+
+def _counts_table(title: str, counts: dict[str, int]) -> Table:
+    table = Table(title=title)
+    table.add_column("value")
+    table.add_column("records", justify="right")
+    for name, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
+        table.add_row(name, str(n))
+    return table
+
+
+def _print_summary(snap: dict[str, Any], console: Console) -> None:
+    head = Table(title="dry run: nothing was produced" if snap["dry_run"] else "replay")
+    for col in ("state", "matched", "to replay", "replayed", "skipped", "failed", "rate/s"):
+        head.add_column(col, justify="right")
+    head.add_row(
+        snap["state"],
+        str(snap["matched"]),
+        str(snap["to_replay"]),
+        str(snap["replayed"]),
+        str(snap["skipped"]),
+        str(snap["failed"]),
+        f"{snap['rate_per_second']:.1f}",
+    )
+    console.print(head)
+    if snap["dry_run"]:
+        console.print(_counts_table("would replay, by target topic", snap["by_target"]))
+        console.print(_counts_table("matched, by dead reason", snap["by_dead_reason"]))
+        console.print(_counts_table("matched, by error class", snap["by_error_class"]))
+    if snap["skipped_reasons"]:
+        console.print(_counts_table("skipped, by reason", snap["skipped_reasons"]))
+    if snap["state"] != "completed" or not snap["dry_run"]:
+        console.print(f"stopped: {snap['stop_reason']}; position {snap['position']}")
+    for line in snap["errors"]:
+        console.print(f"[red]error:[/red] {line}")

@@ -1,0 +1,41 @@
+"""Errors of the replay layer; the HTTP API maps each class to one status code."""
+
+from __future__ import annotations
+
+from retryd.errors import RetrydError
+
+
+class ReplayError(RetrydError):
+    """Base of replay failures that carry a readable message for the caller."""
+
+
+class RecordNotFound(ReplayError):
+    """No failed record at that partition/offset (never written, deleted, or past the end)."""
+
+
+class AlreadyReplayed(ReplayError):
+    """The ledger says this record was replayed already; ``force`` replays it again."""
+
+    def __init__(self, message: str, entry: object) -> None:
+        super().__init__(message)
+        self.entry = entry
+
+
+class TargetRefused(ReplayError):
+    """The target topic is outside the replay allow-list (or cannot be a target at all)."""
+
+
+class InvalidTarget(TargetRefused):
+    """No usable target: the record has no original topic, or the topic does not exist."""
+
+
+class InvalidRequest(ReplayError):
+    """A request is well-formed but makes no sense here (bad cursor, unknown partition…)."""
+
+
+class BrokerUnavailable(ReplayError):
+    """Kafka did not answer in time; nothing was changed."""
+
+
+class ReplayFailed(ReplayError):
+    """Producing the replayed copy or its ledger record failed."""

@@ -1,0 +1,515 @@
+"""Bulk replay jobs: a counting pass, then a rate-limited replay pass in a background thread.
+
+The counting pass reads ``failed_topic`` to its current end and fixes the job's *snapshot*
+(end offset per partition): records dead-lettered after the job started are not part of it, so
+a job replays exactly the set it matched. Progress (matched, replayed, skipped, failed, rate,
+ETA, position) is readable at any time; ``cancel`` stops it after the records in flight are
+acknowledged, so the counts and the position it reports are exact.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
+
+from retryd.policy.headers import replay_headers
+from retryd.replay.errors import BrokerUnavailable, InvalidTarget, ReplayError, TargetRefused
+from retryd.replay.ledger import LedgerEntry, LedgerError, ReplayLedger
+from retryd.replay.records import FailedRecord, RecordFilter
+from retryd.replay.replayer import TargetPolicy, producer_config, target_partition, who
+from retryd.replay.scan import TopicScanner, to_record
+
+log = logging.getLogger(__name__)
+
+LEDGER_REFRESH_S = 1.0
+MAX_ERRORS_KEPT = 20
+
+
+class TokenBucket:
+    """Rate limit: starts empty, refills at ``rate`` per second up to a small burst.
+
+    Starting empty makes N takes last at least N / rate seconds.
+    """
+
+    def __init__(
+        self, rate: float, burst: float | None = None, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        if rate <= 0:
+            raise ValueError("rate must be positive")
+        self.rate = rate
+        self.capacity = burst if burst is not None else max(1.0, rate / 20)
+        self.clock = clock
+        self.tokens = 0.0
+        self.last = clock()
+
+    def _refill(self) -> None:
+        now = self.clock()
+        self.tokens = min(self.capacity, self.tokens + (now - self.last) * self.rate)
+        self.last = now
+
+    def try_take(self) -> float:
+        """Take a token and return 0, or return how long to wait before one is available."""
+        self._refill()
+        if self.tokens >= 1:
+            self.tokens -= 1
+            return 0.0
+        return (1 - self.tokens) / self.rate
+
+    def take(self, stop: threading.Event, idle: Callable[[float], None] | None = None) -> bool:
+        """Block until a token is taken (True) or ``stop`` is set (False)."""
+        while not stop.is_set():
+            wait = self.try_take()
+            if wait == 0:
+                return True
+            if idle is not None:
+                idle(min(wait, 0.05))
+            else:
+                stop.wait(min(wait, 0.05))
+        return False
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    filter: RecordFilter = field(default_factory=RecordFilter)
+    target: str | None = None
+    max_per_second: float = 100.0
+    max_messages: int | None = None
+    dry_run: bool = False
+    force: bool = False
+
+
+@dataclass
+class JobProgress:
+    state: str = "pending"  # pending|counting|running|completed|cancelled|failed
+    scanned: int = 0
+    matched: int = 0
+    to_replay: int = 0
+    replayed: int = 0
+    skipped: int = 0
+    failed: int = 0
+    skipped_reasons: Counter[str] = field(default_factory=Counter)
+    by_target: Counter[str] = field(default_factory=Counter)
+    by_dead_reason: Counter[str] = field(default_factory=Counter)
+    by_error_class: Counter[str] = field(default_factory=Counter)
+    errors: list[str] = field(default_factory=list)
+    stop_reason: str | None = None
+    created_at: float = field(default_factory=time.time)
+    started_at: float | None = None
+    finished_at: float | None = None
+    end_offsets: dict[int, int] = field(default_factory=dict)
+    position: dict[int, int] = field(default_factory=dict)
+    last_replayed: str | None = None
+
+
+class ReplayJob:
+    """One bulk replay; ``start()`` runs it in a daemon thread."""
+
+    def __init__(
+        self,
+        spec: JobSpec,
+        *,
+        common: dict[str, str],
+        failed_topic: str,
+        ledger: ReplayLedger,
+        policy: TargetPolicy,
+        by: str = "sidecar",
+        job_id: str | None = None,
+        timeout_s: float = 10.0,
+    ) -> None:
+        self.id = job_id or f"job-{uuid.uuid4().hex[:16]}"
+        self.spec = spec
+        self.common = common
+        self.failed_topic = failed_topic
+        self.ledger = ledger
+        self.policy = policy
+        self.by = f"{by}@{who()}"
+        self.timeout_s = timeout_s
+        self.progress = JobProgress()
+        self._lock = threading.Lock()
+        self._cancel = threading.Event()
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._rate_samples: deque[tuple[float, int]] = deque(maxlen=64)
+        self._inflight = 0
+
+    # ------------------------------------------------------------------ control
+    def start(self) -> ReplayJob:
+        self._thread = threading.Thread(target=self.run, name=f"replay-{self.id}", daemon=True)
+        self._thread.start()
+        return self
+
+    def cancel(self) -> None:
+        self._cancel.set()
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        return self._done.wait(timeout_s)
+
+    @property
+    def finished(self) -> bool:
+        return self._done.is_set()
+
+    def run(self) -> None:
+        from retryd.metrics.registry import REPLAYED
+
+        scanner: TopicScanner | None = None
+        producer: Producer | None = None
+        p = self.progress
+        p.started_at = time.time()
+        try:
+            scanner = TopicScanner(self.common, self.failed_topic, "replay-job")
+            self._set(state="counting")
+            parts = scanner.partitions(self.timeout_s)
+            start = {part: 0 for part in parts or []}
+            self.ledger.refresh()
+            self._count(scanner, start)
+            if self.spec.dry_run:
+                self._finish("completed", "dry run: nothing was produced")
+                return
+            if self._cancel.is_set():
+                self._finish("cancelled", "cancelled before replaying")
+                return
+            self._set(state="running")
+            producer = Producer(producer_config(self.common), logger=log)
+            self._replay(scanner, producer, start, REPLAYED)
+        except (ReplayError, LedgerError, KafkaException) as exc:
+            log.error("replay job %s failed: %s", self.id, exc)
+            self._note_error(str(exc))
+            if producer is not None:
+                producer.flush(self.timeout_s)
+            self._finish("failed", str(exc))
+        except Exception as exc:  # a bug must not leave the job "running" forever
+            log.exception("replay job %s crashed", self.id)
+            self._finish("failed", f"internal error: {exc.__class__.__name__}")
+        finally:
+            if scanner is not None:
+                scanner.close()
+
+    # ------------------------------------------------------------------ passes
+    def _count(self, scanner: TopicScanner, start: dict[int, int]) -> None:
+        spec = self.spec
+        limit = spec.max_messages
+        for msg in scanner.scan(start, timeout_s=3600, idle_timeout_s=self.timeout_s):
+            rec = to_record(msg)
+            with self._lock:
+                self.progress.scanned += 1
+            if not spec.filter.matches(rec):
+                continue
+            reason, target = self._decide(rec)
+            with self._lock:
+                p = self.progress
+                p.matched += 1
+                p.by_dead_reason[str(rec.envelope.get("retryd_dead_reason"))] += 1
+                p.by_error_class[str(rec.envelope.get("retryd_error_class"))] += 1
+                if reason is None and (limit is None or p.to_replay < limit):
+                    p.to_replay += 1
+                    p.by_target[target or "?"] += 1
+                if self._cancel.is_set():
+                    break
+        with self._lock:
+            self.progress.end_offsets = dict(scanner.positions)
+            self.progress.position = dict(start)
+
+    def _decide(self, rec: FailedRecord) -> tuple[str | None, str | None]:
+        """(skip reason or None, target topic)."""
+        try:
+            target = self.policy.choose(rec, self.spec.target)
+        except InvalidTarget:
+            return "no_valid_target", None
+        except TargetRefused:
+            return "target_not_allowed", None
+        try:
+            if self.policy.partitions(target) is None:
+                return "target_missing", target
+        except BrokerUnavailable:
+            return "target_unknown", target
+        if not self.spec.force and self.ledger.is_replayed(rec.coord):
+            return "already_replayed", target
+        return None, target
+
+    def _replay(
+        self, scanner: TopicScanner, producer: Producer, start: dict[int, int], counter: Any
+    ) -> None:
+        spec = self.spec
+        bucket = TokenBucket(spec.max_per_second)
+        stop = dict(self.progress.end_offsets)
+        last_refresh = time.monotonic()
+        self._sample()
+        outcome = ("completed", "every matched record was handled")
+
+        def idle(seconds: float) -> None:
+            producer.poll(seconds)
+            self.ledger.poll(0)
+
+        for msg in scanner.scan(start, stop, timeout_s=10**9, idle_timeout_s=self.timeout_s):
+            rec = to_record(msg)
+            if not spec.filter.matches(rec):
+                self._position(scanner)
+                continue
+            if time.monotonic() - last_refresh > LEDGER_REFRESH_S:
+                self.ledger.refresh()  # another process may have replayed some meanwhile
+                last_refresh = time.monotonic()
+            reason, target = self._decide(rec)
+            if reason is None and not self.ledger.try_claim(rec.coord):
+                reason = "in_progress"
+            if reason is not None:
+                with self._lock:
+                    self.progress.skipped += 1
+                    self.progress.skipped_reasons[reason] += 1
+                if reason == "already_replayed":
+                    counter.labels(status="skipped").inc()
+                self._position(scanner)
+                continue
+            assert target is not None
+            if spec.max_messages is not None and self._done_or_inflight() >= spec.max_messages:
+                self.ledger.release(rec.coord)
+                outcome = ("completed", f"max_messages={spec.max_messages} reached")
+                break
+            if not bucket.take(self._cancel, idle):
+                self.ledger.release(rec.coord)
+                outcome = ("cancelled", "cancelled")
+                break
+            self._send(producer, rec, target, counter)
+            self._position(scanner)
+            self._sample()
+            if self._cancel.is_set():
+                outcome = ("cancelled", "cancelled")
+                break
+        else:
+            if self._cancel.is_set():
+                outcome = ("cancelled", "cancelled")
+        self._drain(producer)
+        self._position(scanner)
+        self._finish(*outcome)
+
+    def _send(self, producer: Producer, rec: FailedRecord, target: str, counter: Any) -> None:
+        coord = rec.coord
+        count = self.policy.partitions(target) or 1
+        part = target_partition(rec, target, count)
+        forced = self.ledger.is_replayed(coord)
+
+        def ledger_done(err: KafkaError | None, offset: int | None) -> None:
+            with self._lock:
+                self._inflight -= 1
+                if err is None:
+                    self.progress.replayed += 1
+                    self.progress.last_replayed = str(coord)
+                else:
+                    self.progress.failed += 1
+                    self._note_error(f"{coord}: replayed but the ledger write failed: {err.str()}")
+            counter.labels(status="replayed" if err is None else "failed").inc()
+            self.ledger.release(coord)
+
+        def delivered(err: KafkaError | None, msg: Message) -> None:
+            if err is not None:
+                log.error(
+                    "replaying %s[%d]@%d to %s failed: %s",
+                    rec.topic,
+                    rec.partition,
+                    rec.offset,
+                    target,
+                    err.str(),
+                )
+                with self._lock:
+                    self._inflight -= 1
+                    self.progress.failed += 1
+                    self._note_error(f"{coord}: producing to {target} failed: {err.str()}")
+                counter.labels(status="failed").inc()
+                self.ledger.release(coord)
+                return
+            entry = LedgerEntry(
+                replay_id=self.id,
+                target_topic=target,
+                target_partition=msg.partition(),
+                target_offset=msg.offset(),
+                replayed_at_ms=int(time.time() * 1000),
+                forced=forced,
+                by=self.by,
+            )
+            self.ledger.record_async(coord, entry, ledger_done)
+
+        kwargs: dict[str, Any] = {
+            "key": rec.key,
+            "value": rec.value,
+            "headers": replay_headers(rec.headers, replay_id=self.id, replayed_from=str(coord)),
+            "on_delivery": delivered,
+        }
+        if part is not None:
+            kwargs["partition"] = part
+        with self._lock:
+            self._inflight += 1
+        while True:
+            try:
+                producer.produce(target, **kwargs)
+                break
+            except BufferError:
+                producer.poll(0.05)
+        producer.poll(0)
+        self.ledger.poll(0)
+
+    def _drain(self, producer: Producer) -> None:
+        """Wait until every copy and its ledger record is acknowledged (or failed)."""
+        deadline = time.monotonic() + self.timeout_s * 6
+        while time.monotonic() < deadline:
+            producer.poll(0.05)
+            self.ledger.poll(0.05)
+            with self._lock:
+                if self._inflight <= 0:
+                    return
+        with self._lock:
+            lost, self._inflight = self._inflight, 0
+            self.progress.failed += lost
+        self._note_error(f"{lost} replay(s) not acknowledged in time (outcome unknown)")
+
+    # ------------------------------------------------------------------ bookkeeping
+    def _done_or_inflight(self) -> int:
+        with self._lock:
+            return self.progress.replayed + self._inflight
+
+    def _position(self, scanner: TopicScanner) -> None:
+        with self._lock:
+            self.progress.position = dict(scanner.positions)
+
+    def _sample(self) -> None:
+        with self._lock:
+            self._rate_samples.append((time.monotonic(), self.progress.replayed))
+
+    def _note_error(self, text: str) -> None:
+        errors = self.progress.errors
+        if len(errors) < MAX_ERRORS_KEPT:
+            errors.append(text)
+
+    def _set(self, **changes: Any) -> None:
+        with self._lock:
+            for name, value in changes.items():
+                setattr(self.progress, name, value)
+
+    def _finish(self, state: str, reason: str) -> None:
+        with self._lock:
+            self.progress.state = state
+            self.progress.stop_reason = reason
+            self.progress.finished_at = time.time()
+        self._done.set()
+        log.info(
+            "replay job %s %s: %s (replayed=%d skipped=%d failed=%d)",
+            self.id,
+            state,
+            reason,
+            self.progress.replayed,
+            self.progress.skipped,
+            self.progress.failed,
+        )
+
+    def rate(self) -> float:
+        """Replays per second over the last few seconds (overall while young)."""
+        with self._lock:
+            samples = list(self._rate_samples)
+            replayed = self.progress.replayed
+            finished = self.progress.finished_at
+        if not samples:
+            return 0.0
+        now = time.monotonic()
+        window = [s for s in samples if now - s[0] <= 5.0] or samples[-1:]
+        t0, n0 = window[0]
+        if finished is not None:
+            t0, n0 = samples[0]
+            now = samples[-1][0] if len(samples) > 1 else now
+        elapsed = now - t0
+        return (replayed - n0) / elapsed if elapsed > 0 else 0.0
+
+    def snapshot(self) -> dict[str, Any]:
+        """Progress as plain data (the API's and the CLI's view)."""
+        rate = self.rate()
+        with self._lock:
+            p = self.progress
+            remaining = max(0, p.to_replay - p.replayed - p.failed)
+            running = p.state in ("pending", "counting", "running")
+            eta = remaining / rate if running and rate > 0 and remaining else None
+            if running and remaining == 0 and p.state == "running":
+                eta = 0.0
+            return {
+                "id": self.id,
+                "state": p.state,
+                "dry_run": self.spec.dry_run,
+                "filter": self.spec.filter.describe(),
+                "target": self.spec.target,
+                "max_per_second": self.spec.max_per_second,
+                "max_messages": self.spec.max_messages,
+                "force": self.spec.force,
+                "scanned": p.scanned,
+                "matched": p.matched,
+                "to_replay": p.to_replay,
+                "replayed": p.replayed,
+                "skipped": p.skipped,
+                "failed": p.failed,
+                "skipped_reasons": dict(p.skipped_reasons),
+                "by_target": dict(p.by_target),
+                "by_dead_reason": dict(p.by_dead_reason),
+                "by_error_class": dict(p.by_error_class),
+                "rate_per_second": round(rate, 2),
+                "eta_seconds": round(eta, 2) if eta is not None else None,
+                "created_at": p.created_at,
+                "started_at": p.started_at,
+                "finished_at": p.finished_at,
+                "stop_reason": p.stop_reason,
+                "position": {str(k): v for k, v in sorted(p.position.items())},
+                "end_offsets": {str(k): v for k, v in sorted(p.end_offsets.items())},
+                "last_replayed": p.last_replayed,
+                "errors": list(p.errors),
+            }
+
+
+class JobManager:
+    """Jobs of this process, kept in memory for its lifetime (the oldest finished ones are
+    dropped past ``keep``)."""
+
+    def __init__(
+        self, factory: Callable[[JobSpec], ReplayJob], keep: int = 1000, max_running: int = 4
+    ) -> None:
+        self.factory = factory
+        self.keep = keep
+        self.max_running = max_running
+        self._jobs: dict[str, ReplayJob] = {}
+        self._lock = threading.Lock()
+
+    def create(self, spec: JobSpec) -> ReplayJob:
+        with self._lock:
+            running = sum(1 for j in self._jobs.values() if not j.finished)
+            if running >= self.max_running:
+                raise TooManyJobs(
+                    f"{running} replay jobs are running (limit {self.max_running}); "
+                    "wait for one to finish or cancel one"
+                )
+            job = self.factory(spec)
+            self._jobs[job.id] = job
+            finished = [j for j in self._jobs.values() if j.finished]
+            for old in finished[: max(0, len(self._jobs) - self.keep)]:
+                del self._jobs[old.id]
+        return job.start()
+
+    def get(self, job_id: str) -> ReplayJob | None:
+        with self._lock:
+            return self._jobs.get(job_id)
+
+    def list(self) -> list[ReplayJob]:
+        with self._lock:
+            return list(self._jobs.values())
+
+    def cancel_all(self, timeout_s: float = 10.0) -> None:
+        jobs = self.list()
+        for job in jobs:
+            job.cancel()
+        deadline = time.monotonic() + timeout_s
+        for job in jobs:
+            job.wait(max(0.0, deadline - time.monotonic()))
+
+
+class TooManyJobs(ReplayError):
+    """The per-process limit of concurrently running jobs is reached."""

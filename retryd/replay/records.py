@@ -1,0 +1,191 @@
+"""How failed records are matched by filters and shown to people (previews, cursors)."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from retryd.policy import headers as h
+from retryd.replay.errors import InvalidRequest
+
+PREVIEW_DEFAULT = 1024
+PREVIEW_MAX = 1_048_576
+
+
+@dataclass(frozen=True, slots=True)
+class Coord:
+    """Where a failed record lives; ``str()`` is the ledger key and ``retryd_replayed_from``."""
+
+    topic: str
+    partition: int
+    offset: int
+
+    def __str__(self) -> str:
+        return f"{self.topic}/{self.partition}/{self.offset}"
+
+    @classmethod
+    def parse(cls, text: str) -> Coord:
+        topic, _, rest = text.rpartition("/")
+        topic, _, part = topic.rpartition("/")
+        if not topic or not part.isdigit() or not rest.isdigit():
+            raise ValueError(f"{text!r} is not topic/partition/offset")
+        return cls(topic, int(part), int(rest))
+
+
+@dataclass(frozen=True, slots=True)
+class FailedRecord:
+    """One record of ``failed_topic`` with its retryd envelope decoded leniently."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes | None]] = field(default_factory=list)
+
+    @property
+    def coord(self) -> Coord:
+        return Coord(self.topic, self.partition, self.offset)
+
+    @property
+    def envelope(self) -> dict[str, str | int | None]:
+        return h.decode_lenient(self.headers)
+
+    def text_header(self, name: str) -> str | None:
+        value = self.envelope.get(name)
+        return value if isinstance(value, str) else None
+
+    @property
+    def original_topic(self) -> str | None:
+        return self.text_header(h.ORIGINAL_TOPIC) or None
+
+    @property
+    def original_partition(self) -> int | None:
+        value = self.envelope.get(h.ORIGINAL_PARTITION)
+        return value if isinstance(value, int) else None
+
+
+@dataclass(frozen=True, slots=True)
+class RecordFilter:
+    """Every given field must match; ``None`` matches anything. Times are epoch ms of the
+    failed record's Kafka timestamp (when it was dead-lettered), ``until_ms`` exclusive."""
+
+    original_topic: str | None = None
+    error_class: str | None = None
+    dead_reason: str | None = None
+    since_ms: int | None = None
+    until_ms: int | None = None
+    key: bytes | None = None
+    partition: int | None = None
+
+    def matches(self, rec: FailedRecord) -> bool:
+        if self.partition is not None and rec.partition != self.partition:
+            return False
+        if self.since_ms is not None and rec.timestamp < self.since_ms:
+            return False
+        if self.until_ms is not None and rec.timestamp >= self.until_ms:
+            return False
+        if self.key is not None and rec.key != self.key:
+            return False
+        env = rec.envelope
+        checks = (
+            (self.original_topic, h.ORIGINAL_TOPIC),
+            (self.error_class, h.ERROR_CLASS),
+            (self.dead_reason, h.DEAD_REASON),
+        )
+        return all(want is None or env.get(name) == want for want, name in checks)
+
+    def describe(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name in ("original_topic", "error_class", "dead_reason", "since_ms", "until_ms"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
+        if self.partition is not None:
+            out["partition"] = self.partition
+        if self.key is not None:
+            out["key"] = render_bytes(self.key, 256)
+        return out
+
+
+def key_from(text: str | None, b64: str | None) -> bytes | None:
+    """A key filter from text (UTF-8) or base64; both given is a caller error."""
+    if text is not None and b64 is not None:
+        raise InvalidRequest("give either key or key_base64, not both")
+    if b64 is not None:
+        try:
+            return base64.b64decode(b64, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise InvalidRequest("key_base64 is not valid base64") from exc
+    return text.encode("utf-8", errors="surrogatepass") if text is not None else None
+
+
+def render_bytes(data: bytes | None, limit: int) -> dict[str, Any]:
+    """Text when the whole value is UTF-8, else base64; at most ``limit`` bytes of it shown."""
+    if data is None:
+        return {"encoding": None, "data": None, "size": 0, "truncated": False}
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        part = data[:limit]
+        return {
+            "encoding": "base64",
+            "data": base64.b64encode(part).decode("ascii"),
+            "size": len(data),
+            "truncated": len(part) < len(data),
+        }
+    if len(data) <= limit:
+        return {"encoding": "utf-8", "data": text, "size": len(data), "truncated": False}
+    cut = data[:limit].decode("utf-8", errors="ignore")
+    return {"encoding": "utf-8", "data": cut, "size": len(data), "truncated": True}
+
+
+def render_record(rec: FailedRecord, preview_bytes: int) -> dict[str, Any]:
+    """JSON-ready view: decoded retryd headers, user headers, key and value previews."""
+    user = [
+        {"name": name, **render_bytes(value, min(preview_bytes, 4096))}
+        for name, value in h.user_headers(rec.headers)
+    ]
+    return {
+        "topic": rec.topic,
+        "partition": rec.partition,
+        "offset": rec.offset,
+        "timestamp": rec.timestamp,
+        "coordinate": str(rec.coord),
+        "retryd": rec.envelope,
+        "headers": user,
+        "key": render_bytes(rec.key, preview_bytes),
+        "value": render_bytes(rec.value, preview_bytes),
+    }
+
+
+def encode_cursor(positions: dict[int, int]) -> str:
+    """Opaque cursor: urlsafe base64 of ``{partition: next offset}``."""
+    raw = json.dumps({str(p): o for p, o in sorted(positions.items())}, separators=(",", ":"))
+    return base64.urlsafe_b64encode(raw.encode()).decode("ascii").rstrip("=")
+
+
+def decode_cursor(cursor: str) -> dict[int, int]:
+    bad = InvalidRequest("cursor is not valid: pass back a next_cursor exactly as returned")
+    if len(cursor) > 65_536:
+        raise bad
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        data = json.loads(raw)
+    except (binascii.Error, ValueError, UnicodeDecodeError) as exc:
+        raise bad from exc
+    if not isinstance(data, dict):
+        raise bad
+    out: dict[int, int] = {}
+    for part, offset in data.items():
+        if not (isinstance(part, str) and part.isascii() and part.isdigit()):
+            raise bad
+        if not isinstance(offset, int) or isinstance(offset, bool) or not 0 <= offset < 2**63:
+            raise bad
+        if int(part) >= 2**31:
+            raise bad
+        out[int(part)] = offset
+    return out

@@ -1,0 +1,289 @@
+"""Replay one failed record: pick and check the target, consult the ledger, produce, record.
+
+The replayed copy keeps key, value and user headers byte for byte, loses every retryd header
+(a fresh retry sequence) and gains ``retryd_replay_id`` and ``retryd_replayed_from``.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
+
+from retryd.errors import SequenceError
+from retryd.policy.headers import replay_headers
+from retryd.policy.sequence import validate_topic_name
+from retryd.replay.errors import (
+    AlreadyReplayed,
+    BrokerUnavailable,
+    InvalidTarget,
+    ReplayFailed,
+    TargetRefused,
+)
+from retryd.replay.ledger import LedgerEntry, LedgerError, ReplayLedger
+from retryd.replay.records import FailedRecord
+from retryd.replay.scan import partitions_of, reader_config
+
+log = logging.getLogger(__name__)
+
+
+def new_replay_id(prefix: str = "r") -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:16]}"
+
+
+def producer_config(common: dict[str, str]) -> dict[str, Any]:
+    return {
+        **common,
+        "client.id": "retryd-replay",
+        "acks": "all",
+        "enable.idempotence": True,
+        "linger.ms": 5,
+        "partitioner": common.get("partitioner", "murmur2_random"),
+        "log_level": 3,
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayOutcome:
+    replay_id: str
+    coordinate: str
+    target_topic: str
+    target_partition: int
+    target_offset: int
+    forced: bool
+    previous: LedgerEntry | None
+    concurrent: tuple[LedgerEntry, ...] = ()
+
+
+class TargetPolicy:
+    """Which topics a replay may write to: ``replay_allowlist``, or the main topics if empty.
+
+    Topic existence is looked up once per topic and cached briefly (metadata requests are not
+    free, and a bulk job asks for every record).
+    """
+
+    def __init__(self, common: dict[str, str], allowlist: list[str], ttl_s: float = 30.0) -> None:
+        self.allowed = frozenset(allowlist)
+        self.ttl_s = ttl_s
+        self._meta: Consumer | None = None
+        self._common = common
+        self._cache: dict[str, tuple[float, int | None]] = {}
+        self._lock = threading.Lock()
+
+    def choose(self, rec: FailedRecord, target: str | None) -> str:
+        """The target topic for ``rec``; raises TargetRefused with the reason."""
+        topic = target or rec.original_topic
+        if not topic:
+            raise InvalidTarget(
+                f"record {rec.coord} has no readable retryd_original_topic header: "
+                "give an explicit target"
+            )
+        try:
+            validate_topic_name(topic)
+        except SequenceError as exc:
+            raise InvalidTarget(str(exc)) from exc
+        self.require_allowed(topic)
+        return topic
+
+    def require_allowed(self, topic: str) -> None:
+        if topic not in self.allowed:
+            allowed = ", ".join(sorted(self.allowed)) or "(empty: set replay_allowlist)"
+            raise TargetRefused(f"target topic {topic} is not in the replay allow-list ({allowed})")
+
+    def partitions(self, topic: str, timeout_s: float = 5.0) -> int | None:
+        """Partition count of ``topic`` (None when it does not exist)."""
+        now = time.monotonic()
+        with self._lock:
+            hit = self._cache.get(topic)
+            if hit is not None and now - hit[0] < self.ttl_s:
+                return hit[1]
+            if self._meta is None:  # a consumer: asking never auto-creates the topic
+                self._meta = Consumer(reader_config(self._common, "meta"), logger=log)
+            meta = self._meta
+        parts = partitions_of(meta, topic, timeout_s)
+        count = len(parts) if parts is not None else None
+        with self._lock:
+            self._cache[topic] = (now, count)
+        return count
+
+    def close(self) -> None:
+        with self._lock:
+            if self._meta is not None:
+                self._meta.close()
+                self._meta = None
+
+    def require_existing(self, topic: str) -> int:
+        count = self.partitions(topic)
+        if count is None:
+            raise InvalidTarget(f"target topic {topic} does not exist")
+        return count
+
+
+def target_partition(rec: FailedRecord, topic: str, partition_count: int) -> int | None:
+    """Same partition as the original when replaying into the original topic, else keyed."""
+    original = rec.original_partition
+    if topic == rec.original_topic and original is not None and original < partition_count:
+        return original
+    return None
+
+
+def who() -> str:
+    return f"{socket.gethostname()}"
+
+
+class Replayer:
+    """Single-record replays for the API and the CLI. Thread-safe."""
+
+    def __init__(
+        self,
+        common: dict[str, str],
+        ledger: ReplayLedger,
+        policy: TargetPolicy,
+        *,
+        by: str = "sidecar",
+        timeout_s: float = 10.0,
+    ) -> None:
+        self.common = common
+        self.ledger = ledger
+        self.policy = policy
+        self.by = f"{by}@{who()}"
+        self.timeout_s = timeout_s
+        self._producer: Producer | None = None
+        self._lock = threading.Lock()
+
+    def _get_producer(self) -> Producer:
+        with self._lock:
+            if self._producer is None:
+                self._producer = Producer(producer_config(self.common), logger=log)
+            return self._producer
+
+    def replay(
+        self, rec: FailedRecord, *, target: str | None = None, force: bool = False
+    ) -> ReplayOutcome:
+        """Replay ``rec`` once; raises TargetRefused, AlreadyReplayed, ReplayFailed,
+        BrokerUnavailable. Counts ``retryd_replayed_total{status}``."""
+        from retryd.metrics.registry import REPLAYED
+
+        topic = self.policy.choose(rec, target)
+        count = self.policy.require_existing(topic)
+        coord = rec.coord
+        try:
+            with self.ledger.claim(coord, self.timeout_s):
+                try:
+                    self.ledger.refresh()
+                except LedgerError as exc:
+                    raise BrokerUnavailable(f"cannot read the replay ledger: {exc}") from exc
+                previous = self.ledger.get(coord)
+                if previous is not None and not force:
+                    REPLAYED.labels(status="skipped").inc()
+                    raise AlreadyReplayed(
+                        f"record {coord} was already replayed (replay_id={previous.replay_id}, "
+                        f"to {previous.target_topic}); use force=true to replay it again",
+                        previous,
+                    )
+                replay_id = new_replay_id()
+                part, offset = self._produce(rec, topic, count, replay_id)
+                entry = LedgerEntry(
+                    replay_id=replay_id,
+                    target_topic=topic,
+                    target_partition=part,
+                    target_offset=offset,
+                    replayed_at_ms=int(time.time() * 1000),
+                    forced=previous is not None,
+                    by=self.by,
+                )
+                try:
+                    self.ledger.record(coord, entry)
+                except LedgerError as exc:
+                    REPLAYED.labels(status="failed").inc()
+                    log.error(
+                        "%s[%d]@%d replayed to %s[%d]@%d but %s",
+                        rec.topic,
+                        rec.partition,
+                        rec.offset,
+                        topic,
+                        part,
+                        offset,
+                        exc,
+                    )
+                    raise ReplayFailed(
+                        f"the copy was written to {topic}[{part}]@{offset} but the ledger write "
+                        f"failed ({exc}); the record may be replayed again"
+                    ) from exc
+                concurrent = tuple(self._competing(coord, entry))
+        except LedgerError as exc:  # claim timeout
+            raise ReplayFailed(str(exc)) from exc
+        REPLAYED.labels(status="replayed").inc()
+        log.info(
+            "replayed %s[%d]@%d to %s[%d]@%d replay_id=%s",
+            rec.topic,
+            rec.partition,
+            rec.offset,
+            topic,
+            part,
+            offset,
+            replay_id,
+        )
+        return ReplayOutcome(
+            replay_id, str(coord), topic, part, offset, previous is not None, previous, concurrent
+        )
+
+    def _competing(self, coord: Any, entry: LedgerEntry) -> list[LedgerEntry]:
+        try:
+            found = self.ledger.competing_writes(coord, entry)
+        except (LedgerError, BrokerUnavailable) as exc:
+            log.warning("could not re-read the ledger after replaying %s: %s", coord, exc)
+            return []
+        for other in found:
+            log.warning(
+                "record %s was replayed concurrently by %s (replay_id=%s)",
+                coord,
+                other.by,
+                other.replay_id,
+            )
+        return found
+
+    def _produce(
+        self, rec: FailedRecord, topic: str, count: int, replay_id: str
+    ) -> tuple[int, int]:
+        producer = self._get_producer()
+        result: list[tuple[KafkaError | None, Message]] = []
+        kwargs: dict[str, Any] = {
+            "key": rec.key,
+            "value": rec.value,
+            "headers": replay_headers(
+                rec.headers, replay_id=replay_id, replayed_from=str(rec.coord)
+            ),
+            "on_delivery": lambda err, msg: result.append((err, msg)),
+        }
+        part = target_partition(rec, topic, count)
+        if part is not None:
+            kwargs["partition"] = part
+        try:
+            producer.produce(topic, **kwargs)
+        except (BufferError, KafkaException) as exc:
+            raise ReplayFailed(f"cannot produce to {topic}: {exc}") from exc
+        deadline = time.monotonic() + self.timeout_s * 3
+        while not result and time.monotonic() < deadline:
+            producer.poll(0.05)
+        if not result:
+            raise ReplayFailed(f"the copy to {topic} was not acknowledged in time")
+        err, msg = result[0]
+        if err is not None:
+            from retryd.metrics.registry import REPLAYED
+
+            REPLAYED.labels(status="failed").inc()
+            raise ReplayFailed(f"producing the copy to {topic} failed: {err.str()}")
+        return msg.partition() or 0, msg.offset() or 0
+
+    def close(self) -> None:
+        with self._lock:
+            if self._producer is not None:
+                self._producer.flush(5)
+                self._producer = None

@@ -1,0 +1,214 @@
+"""Read partitions of a topic from given offsets up to their current end, without a group.
+
+End-of-partition is detected with ``enable.partition.eof`` rather than a ListOffsets
+'latest' request (wrong on some Kafka-compatible brokers). Positions are tracked here, never
+read back from librdkafka (``position()`` is invalid until a message was delivered).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+
+from retryd.replay.errors import BrokerUnavailable
+from retryd.replay.records import FailedRecord
+
+log = logging.getLogger(__name__)
+
+# Errors that mean "this read cannot succeed": stop at once instead of waiting out the deadline.
+_FATAL_CODES = {
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
+    KafkaError.TOPIC_AUTHORIZATION_FAILED,
+    KafkaError.GROUP_AUTHORIZATION_FAILED,
+    KafkaError._UNKNOWN_PARTITION,
+    KafkaError._UNKNOWN_TOPIC,
+}
+
+
+def reader_config(common: dict[str, str], purpose: str) -> dict[str, Any]:
+    """A consumer that never joins or commits for a group: assign() only."""
+    return {
+        **common,
+        "group.id": f"retryd-{purpose}-{uuid.uuid4().hex[:8]}",
+        "client.id": f"retryd-{purpose}",
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "enable.partition.eof": True,
+        "auto.offset.reset": "earliest",
+        "fetch.wait.max.ms": 50,
+        "reconnect.backoff.ms": 100,
+        "reconnect.backoff.max.ms": 1000,
+        "log_level": 3,
+    }
+
+
+def partitions_of(client: Any, topic: str, timeout_s: float) -> list[int] | None:
+    """Partition ids of ``topic``; None when it does not exist. Raises BrokerUnavailable.
+
+    ``client`` is any confluent-kafka client; a consumer or producer does not auto-create the
+    topic by asking (``allow.auto.create.topics`` is off for consumers).
+    """
+    try:
+        md = client.list_topics(topic, timeout=timeout_s)
+    except KafkaException as exc:
+        raise BrokerUnavailable(f"cannot read metadata of topic {topic}: {exc}") from exc
+    meta = md.topics.get(topic)
+    if meta is None or meta.error is not None:
+        if meta is not None and meta.error.code() not in (
+            KafkaError.UNKNOWN_TOPIC_OR_PART,
+            KafkaError._UNKNOWN_TOPIC,
+        ):
+            raise BrokerUnavailable(f"metadata of topic {topic}: {meta.error.str()}")
+        return None
+    return sorted(meta.partitions)
+
+
+def to_record(msg: Message) -> FailedRecord:
+    raw: Any = msg.headers() or []
+    headers = [(str(k), v.encode() if isinstance(v, str) else v) for k, v in raw]
+    return FailedRecord(
+        topic=msg.topic() or "",
+        partition=msg.partition() or 0,
+        offset=msg.offset() or 0,
+        timestamp=msg.timestamp()[1],
+        key=msg.key(),
+        value=msg.value(),
+        headers=headers,
+    )
+
+
+class TopicScanner:
+    """One consumer reading one topic by explicit assignment; not thread-safe (use a lock)."""
+
+    def __init__(self, common: dict[str, str], topic: str, purpose: str = "reader") -> None:
+        self.topic = topic
+        self.consumer = Consumer(reader_config(common, purpose), logger=log)
+        self.positions: dict[int, int] = {}
+        self.last_scan_complete = False
+        self.lock = threading.Lock()
+
+    def partitions(self, timeout_s: float = 5.0) -> list[int] | None:
+        return partitions_of(self.consumer, self.topic, timeout_s)
+
+    def scan(
+        self,
+        start: dict[int, int],
+        stop: dict[int, int] | None = None,
+        timeout_s: float = 10.0,
+        idle_timeout_s: float | None = None,
+    ) -> Iterator[Message]:
+        """Yield messages of every partition in ``start`` from its offset until its current end
+        (or ``stop[p]``, exclusive). ``self.positions`` always holds the next offset to read,
+        updated *before* each yield, so a caller that stops after handling a message can resume
+        exactly there. Raises BrokerUnavailable if nothing at all arrives within
+        ``idle_timeout_s`` (default: ``timeout_s``); returns early (partitions not done) when
+        ``timeout_s`` passes with progress being made.
+        """
+        self.positions = dict(start)
+        self.last_scan_complete = False
+        active = {p for p, off in start.items() if stop is None or p not in stop or off < stop[p]}
+        if not active:
+            self.last_scan_complete = True
+            return
+        self.consumer.assign([TopicPartition(self.topic, p, start[p]) for p in sorted(active)])
+        deadline = time.monotonic() + timeout_s
+        idle_limit = idle_timeout_s if idle_timeout_s is not None else timeout_s
+        last_progress = time.monotonic()
+        try:
+            while active:
+                now = time.monotonic()
+                if now - last_progress > idle_limit:
+                    raise BrokerUnavailable(
+                        f"no answer from Kafka reading {self.topic} within {idle_limit:g}s"
+                    )
+                if now > deadline:
+                    return
+                for msg in self.consumer.consume(500, 0.1):
+                    err = msg.error()
+                    part = msg.partition()
+                    if part is None or part not in active:
+                        if err is not None:
+                            self._on_error(err)
+                        continue
+                    if err is not None:
+                        if err.code() == KafkaError._PARTITION_EOF:
+                            last_progress = time.monotonic()
+                            self.positions[part] = max(self.positions[part], msg.offset() or 0)
+                            active.discard(part)
+                            continue
+                        self._on_error(err)
+                        continue
+                    offset = msg.offset() or 0
+                    last_progress = time.monotonic()
+                    if stop is not None and part in stop and offset >= stop[part]:
+                        active.discard(part)
+                        continue
+                    self.positions[part] = offset + 1
+                    if stop is not None and part in stop and offset + 1 >= stop[part]:
+                        active.discard(part)
+                    yield msg
+            self.last_scan_complete = True
+        finally:
+            self.consumer.unassign()
+
+    def _on_error(self, err: KafkaError) -> None:
+        if err.fatal() or err.code() in _FATAL_CODES:
+            raise BrokerUnavailable(f"reading {self.topic}: {err.str()}")
+        log.debug("reading %s: %s", self.topic, err.str())
+
+    def read_one(self, partition: int, offset: int, timeout_s: float = 10.0) -> Message | None:
+        """The record at exactly ``partition``/``offset``, or None if there is none."""
+        for msg in self.scan({partition: offset}, {partition: offset + 1}, timeout_s):
+            return msg if msg.offset() == offset else None
+        return None
+
+    def close(self) -> None:
+        with contextlib.suppress(RuntimeError):
+            self.consumer.close()
+
+
+class ScannerPool:
+    """A few reusable scanners for request handlers (a consumer costs a connection)."""
+
+    def __init__(self, common: dict[str, str], topic: str, purpose: str, size: int = 4) -> None:
+        self.common = common
+        self.topic = topic
+        self.purpose = purpose
+        self._free: list[TopicScanner] = []
+        self._sem = threading.BoundedSemaphore(size)
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def acquire(self, timeout_s: float = 10.0) -> TopicScanner:
+        if not self._sem.acquire(timeout=timeout_s):
+            raise BrokerUnavailable("all topic readers are busy; try again shortly")
+        with self._lock:
+            if self._free:
+                return self._free.pop()
+        try:
+            return TopicScanner(self.common, self.topic, self.purpose)
+        except Exception:
+            self._sem.release()
+            raise
+
+    def release(self, scanner: TopicScanner, broken: bool = False) -> None:
+        with self._lock:
+            if broken or self._closed:
+                scanner.close()
+            else:
+                self._free.append(scanner)
+        self._sem.release()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            free, self._free = self._free, []
+        for scanner in free:
+            scanner.close()
