@@ -1,0 +1,246 @@
+"""Kafka I/O of the data source: planning offset ranges (driver) and reading them (executors).
+
+Neither side joins a consumer group or commits: ranges are ``assign()``ed explicitly.
+High watermarks come from fetch responses (``get_watermark_offsets(cached=True)`` after a
+fetch, or the end-of-partition event), because an uncached ListOffsets 'latest' is wrong on
+some Kafka-compatible brokers; the same path is correct on Apache Kafka.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Iterator, Mapping
+
+import pyarrow as pa
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+
+from retryd.errors import RetrydError
+from retryd.pipeline.columns import BatchBuilder
+from retryd.pipeline.offsets import Bound, OffsetRange, clamp_range, split_range
+from retryd.pipeline.options import SourceOptions
+
+log = logging.getLogger(__name__)
+
+TP = tuple[str, int]
+_EOF = KafkaError._PARTITION_EOF
+_POLL_S = 0.2
+
+
+class KafkaReadError(RetrydError):
+    """A range could not be planned or read; the message names ``topic[partition]@offset``."""
+
+
+def range_consumer(conf: Mapping[str, str], **extra: object) -> Consumer:
+    """A consumer for explicit ``assign()`` reads: no group membership, no commits."""
+    settings: dict[str, object] = {
+        "group.id": "retryd-spark-reader",
+        **conf,
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "enable.partition.eof": True,
+        "auto.offset.reset": "earliest",
+        **extra,
+    }
+    try:
+        return Consumer(settings)
+    except KafkaException as exc:
+        raise KafkaReadError(f"cannot create a Kafka consumer: {exc}") from exc
+
+
+def _fmt(tps: Iterable[TP]) -> str:
+    return ", ".join(f"{t}[{p}]" for t, p in sorted(tps))
+
+
+def list_partitions(consumer: Consumer, topics: Iterable[str], timeout_s: float) -> list[TP]:
+    """Every partition of ``topics``; a missing topic is an error (it is never auto-created)."""
+    try:
+        metadata = consumer.list_topics(timeout=timeout_s)
+    except KafkaException as exc:
+        raise KafkaReadError(f"cannot read cluster metadata: {exc}") from exc
+    out: list[TP] = []
+    for topic in topics:
+        tmd = metadata.topics.get(topic)
+        if tmd is None:
+            raise KafkaReadError(f"topic {topic!r} does not exist")
+        if tmd.error is not None:
+            raise KafkaReadError(f"topic {topic!r}: {tmd.error}")
+        out.extend((topic, p) for p in sorted(tmd.partitions))
+    return out
+
+
+def probe_extents(consumer: Consumer, tps: list[TP], timeout_s: float) -> dict[TP, tuple[int, int]]:
+    """(first offset, high watermark) of each partition, as seen by a real fetch.
+
+    Each partition is read from the beginning until its first record or end-of-partition;
+    the fetch response that carried it also carried the high watermark.
+    """
+    if not tps:
+        return {}
+    consumer.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t, p in tps])
+    first: dict[TP, int] = {}
+    high: dict[TP, int] = {}
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(high) < len(tps):
+            if time.monotonic() > deadline:
+                missing = [tp for tp in tps if tp not in high]
+                raise KafkaReadError(f"no fetch answer within {timeout_s:g}s for {_fmt(missing)}")
+            for msg in consumer.consume(500, _POLL_S):
+                topic, part = msg.topic(), msg.partition()
+                if topic is None or part is None:
+                    continue
+                key = (topic, part)
+                err = msg.error()
+                if err is not None and err.code() != _EOF:
+                    if err.retriable():
+                        continue
+                    raise KafkaReadError(f"{topic}[{part}]: {err.str()}")
+                offset = msg.offset()
+                if offset is None or key in high:
+                    continue
+                first.setdefault(key, offset)
+                if err is not None:  # end of partition: offset is the high watermark
+                    high[key] = offset
+                else:
+                    hw = consumer.get_watermark_offsets(TopicPartition(topic, part), cached=True)
+                    if hw[1] >= 0:
+                        high[key] = hw[1]
+                if key in high:
+                    consumer.pause([TopicPartition(topic, part)])
+    finally:
+        consumer.unassign()
+    return {tp: (min(first[tp], high[tp]), high[tp]) for tp in tps}
+
+
+def offsets_for_times(
+    consumer: Consumer, wanted: Mapping[TP, int], timeout_s: float
+) -> dict[TP, int | None]:
+    """Earliest offset whose timestamp is >= the given epoch ms, or None when there is none."""
+    if not wanted:
+        return {}
+    query = [TopicPartition(t, p, ts) for (t, p), ts in wanted.items()]
+    try:
+        answer = consumer.offsets_for_times(query, timeout=timeout_s)
+    except KafkaException as exc:
+        raise KafkaReadError(f"offsets for timestamps failed: {exc}") from exc
+    out: dict[TP, int | None] = {}
+    for tp in answer:
+        if tp.error is not None:
+            raise KafkaReadError(f"{tp.topic}[{tp.partition}]: offsets for times: {tp.error}")
+        out[(tp.topic, tp.partition)] = tp.offset if tp.offset >= 0 else None
+    return out
+
+
+def resolve_ranges(opts: SourceOptions) -> list[OffsetRange]:
+    """One concrete ``[start, end)`` per partition of the selected topics (possibly empty)."""
+    consumer = range_consumer(
+        opts.kafka_conf, **{"fetch.max.bytes": 1 << 20, "queued.max.messages.kbytes": 1024}
+    )
+    try:
+        tps = list_partitions(consumer, opts.topics, opts.read_timeout_s)
+        extents = probe_extents(consumer, tps, opts.read_timeout_s)
+        bounds = {
+            tp: (opts.starting.for_partition(*tp), opts.ending.for_partition(*tp)) for tp in tps
+        }
+        for side in (0, 1):
+            for key in (opts.starting, opts.ending)[side].per_partition:
+                if key not in extents:
+                    raise KafkaReadError(f"offsets name {key[0]}[{key[1]}], which does not exist")
+        by_time = {
+            (tp, side): b[side].value
+            for tp, b in bounds.items()
+            for side in (0, 1)
+            if b[side].kind == "timestamp"
+        }
+        found: dict[tuple[TP, int], int | None] = {}
+        for side in (0, 1):
+            wanted = {tp: ts for (tp, s), ts in by_time.items() if s == side}
+            for tp, offset in offsets_for_times(consumer, wanted, opts.read_timeout_s).items():
+                found[(tp, side)] = offset
+    finally:
+        consumer.close()
+
+    def concrete(tp: TP, side: int, bound: Bound) -> int:
+        low, high = extents[tp]
+        if bound.kind == "earliest":
+            return low
+        if bound.kind == "latest":
+            return high
+        if bound.kind == "timestamp":
+            offset = found.get((tp, side))
+            return high if offset is None else offset
+        return bound.value
+
+    out: list[OffsetRange] = []
+    for tp, (start_b, end_b) in bounds.items():
+        start, end = concrete(tp, 0, start_b), concrete(tp, 1, end_b)
+        if start_b.kind == end_b.kind == "offset" and start > end:
+            raise KafkaReadError(f"{tp[0]}[{tp[1]}]: starting offset {start} > ending offset {end}")
+        low, high = extents[tp]
+        rng = clamp_range(tp[0], tp[1], start, end, low, high)
+        if (start_b.kind == "offset" and rng.start != start) or (
+            end_b.kind == "offset" and rng.end != end
+        ):
+            log.warning(
+                "%s[%s]: requested offsets %s..%s clamped to %s..%s (partition holds %s..%s)",
+                tp[0], tp[1], start, end, rng.start, rng.end, low, high,
+            )  # fmt: skip
+        out.append(rng)
+    return out
+
+
+def plan_ranges(opts: SourceOptions) -> list[OffsetRange]:
+    """Input partitions of a read: every non-empty range, chunked by maxRecordsPerPartition."""
+    chunks: list[OffsetRange] = []
+    for rng in resolve_ranges(opts):
+        chunks.extend(split_range(rng, opts.max_records_per_partition))
+    log.info("planned %d input partitions: %s", len(chunks), ", ".join(map(str, chunks[:20])))
+    return chunks
+
+
+def read_range(
+    conf: Mapping[str, str], rng: OffsetRange, batch_rows: int, timeout_s: float
+) -> Iterator[pa.RecordBatch]:
+    """Yield the records of ``rng`` as Arrow batches; stop at its end, at end-of-partition
+    (offsets may be missing: compaction, transaction markers), never wait forever."""
+    if rng.span == 0:
+        return
+    consumer = range_consumer(conf)
+    builder = BatchBuilder()
+    position = rng.start
+    try:
+        consumer.assign([TopicPartition(rng.topic, rng.partition, rng.start)])
+        last_progress = time.monotonic()
+        done = False
+        while not done and position < rng.end:
+            msgs = consumer.consume(min(batch_rows, 10_000), _POLL_S)
+            if not msgs and time.monotonic() - last_progress > timeout_s:
+                raise KafkaReadError(
+                    f"{rng.topic}[{rng.partition}]@{position}: nothing arrived for {timeout_s:g}s "
+                    f"before the end offset {rng.end}"
+                )
+            for msg in msgs:
+                err = msg.error()
+                offset = msg.offset()
+                if err is not None:
+                    if err.code() == _EOF:
+                        done = True  # nothing below rng.end is left in the log
+                        break
+                    if err.retriable():
+                        continue
+                    raise KafkaReadError(f"{rng.topic}[{rng.partition}]@{position}: {err.str()}")
+                if offset is None or offset < rng.start:
+                    continue
+                if offset >= rng.end:
+                    done = True
+                    break
+                builder.add_message(msg)
+                position = offset + 1
+                last_progress = time.monotonic()
+            if len(builder) >= batch_rows:
+                yield builder.flush()
+        if len(builder):
+            yield builder.flush()
+    finally:
+        consumer.close()

@@ -1,0 +1,192 @@
+"""Offset ranges and the data source options that select them (pure logic, no I/O).
+
+Option names follow Spark's own Kafka source (``startingOffsets``, ``endingOffsets``,
+``startingTimestamp``, ``startingOffsetsByTimestamp``, ``maxRecordsPerPartition``, ``kafka.*``)
+so a job can switch between the two sources without rewriting its options.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from retryd.errors import RetrydError
+
+EARLIEST = -2  # Spark's JSON code for "earliest"
+LATEST = -1  # Spark's JSON code for "latest"
+
+Kind = Literal["earliest", "latest", "offset", "timestamp"]
+Side = Literal["starting", "ending"]
+
+
+class SourceOptionError(RetrydError):
+    """The data source options are invalid; ``problems`` holds one readable line each."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        super().__init__("invalid retryd_kafka options: " + "; ".join(problems))
+
+
+@dataclass(frozen=True, slots=True)
+class Bound:
+    """One end of a range before it is resolved against the broker."""
+
+    kind: Kind
+    value: int = 0
+
+
+@dataclass(frozen=True)
+class BoundSpec:
+    """Where to start (or end) reading: a default plus per-partition overrides."""
+
+    default: Bound
+    per_partition: Mapping[tuple[str, int], Bound] = field(default_factory=dict)
+
+    def for_partition(self, topic: str, partition: int) -> Bound:
+        return self.per_partition.get((topic, partition), self.default)
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetRange:
+    """Offsets ``[start, end)`` of one partition. Offsets inside may be missing (gaps)."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+
+    @property
+    def span(self) -> int:
+        return max(0, self.end - self.start)
+
+    def __str__(self) -> str:
+        return f"{self.topic}[{self.partition}]@{self.start}..{self.end}"
+
+
+def split_range(rng: OffsetRange, max_records: int | None) -> list[OffsetRange]:
+    """Cut a range into chunks of at most ``max_records`` offsets (an empty range gives none)."""
+    if rng.span == 0:
+        return []
+    if not max_records or rng.span <= max_records:
+        return [rng]
+    pieces = math.ceil(rng.span / max_records)
+    size = math.ceil(rng.span / pieces)  # even chunks rather than a small tail
+    out = []
+    for start in range(rng.start, rng.end, size):
+        out.append(OffsetRange(rng.topic, rng.partition, start, min(start + size, rng.end)))
+    return out
+
+
+def ranges_to_json(ranges: list[OffsetRange], side: Side) -> str:
+    """Explicit per-partition offsets in Spark's JSON format, e.g. for a checkpointed run."""
+    out: dict[str, dict[str, int]] = {}
+    for rng in ranges:
+        out.setdefault(rng.topic, {})[str(rng.partition)] = (
+            rng.start if side == "starting" else rng.end
+        )
+    return json.dumps(out, sort_keys=True)
+
+
+def _parse_int(text: str, what: str, problems: list[str]) -> int | None:
+    try:
+        value = int(text.strip())
+    except ValueError:
+        problems.append(f"{what}={text!r} is not an integer")
+        return None
+    return value
+
+
+def _parse_json_map(text: str, what: str, problems: list[str]) -> dict[tuple[str, int], int]:
+    """``{"topic": {"0": 12}}`` -> {(topic, 0): 12}."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        problems.append(f'{what} must be JSON like {{"topic": {{"0": 42}}}}, got {text[:60]!r}')
+        return {}
+    if not isinstance(data, dict):
+        problems.append(f'{what} must be a JSON object like {{"topic": {{"0": 42}}}}')
+        return {}
+    out: dict[tuple[str, int], int] = {}
+    for topic, parts in data.items():
+        if not isinstance(parts, dict):
+            problems.append(f"{what}: topic {topic!r} must map partition numbers to integers")
+            continue
+        for part, value in parts.items():
+            if not str(part).isdigit():
+                problems.append(f"{what}: partition {part!r} of {topic!r} is not a number")
+            elif isinstance(value, bool) or not isinstance(value, int):
+                problems.append(f"{what}: {topic}[{part}] must be an integer, got {value!r}")
+            else:
+                out[(topic, int(part))] = value
+    return out
+
+
+def _offset_bound(value: int, side: Side, where: str, problems: list[str]) -> Bound | None:
+    if value == EARLIEST:
+        if side == "ending":
+            problems.append(f"{where}: -2 (earliest) is not allowed as an ending offset")
+            return None
+        return Bound("earliest")
+    if value == LATEST:
+        return Bound("latest")
+    if value < 0:
+        problems.append(f"{where}: offset {value} is invalid (use >= 0, -2 earliest, -1 latest)")
+        return None
+    return Bound("offset", value)
+
+
+def parse_bound_spec(
+    side: Side,
+    offsets: str | None,
+    timestamp: str | None = None,
+    by_timestamp: str | None = None,
+    problems: list[str] | None = None,
+) -> BoundSpec:
+    """Parse one side's options; precedence as in Spark: by-timestamp > timestamp > offsets."""
+    own: list[str] = [] if problems is None else problems
+    name = f"{side}Offsets"
+    default = Bound("earliest") if side == "starting" else Bound("latest")
+    per: dict[tuple[str, int], Bound] = {}
+    if by_timestamp is not None:
+        for key, ts in _parse_json_map(by_timestamp, f"{side}OffsetsByTimestamp", own).items():
+            if ts < 0:
+                own.append(f"{side}OffsetsByTimestamp: {key[0]}[{key[1]}] timestamp is negative")
+            else:
+                per[key] = Bound("timestamp", ts)
+    elif timestamp is not None:
+        ts_value = _parse_int(timestamp, f"{side}Timestamp", own)
+        if ts_value is not None and ts_value < 0:
+            own.append(f"{side}Timestamp={ts_value} must be epoch milliseconds >= 0")
+        elif ts_value is not None:
+            default = Bound("timestamp", ts_value)
+    elif offsets is not None:
+        word = offsets.strip().lower()
+        if word == "earliest":
+            if side == "ending":
+                own.append("endingOffsets cannot be 'earliest' (use 'latest' or JSON offsets)")
+            else:
+                default = Bound("earliest")
+        elif word == "latest":
+            default = Bound("latest")
+        elif word.startswith("{"):
+            for key, value in _parse_json_map(offsets, name, own).items():
+                bound = _offset_bound(value, side, f"{name} {key[0]}[{key[1]}]", own)
+                if bound is not None:
+                    per[key] = bound
+        else:
+            own.append(f"{name}={offsets!r}: use 'earliest', 'latest' or per-partition JSON")
+    if problems is None and own:
+        raise SourceOptionError(own)
+    return BoundSpec(default, per)
+
+
+def clamp_range(
+    topic: str, partition: int, start: int, end: int, low: int, high: int
+) -> OffsetRange:
+    """A resolved range kept inside what the partition holds: ``low <= start <= end <= high``."""
+    start = min(max(start, low), high)
+    end = min(max(end, start), high)
+    return OffsetRange(topic, partition, start, end)
