@@ -1,0 +1,400 @@
+"""Deployment files, validated without a Docker engine.
+
+YAML/JSON parse, every file a service mounts exists, every retryd setting and command the
+stack uses is real, the dashboard and alerts query only the spec's metrics, and promtool (the
+``prometheus`` apt package) accepts the Prometheus config, the rules, the rule unit tests and
+every dashboard query. The promtool tests skip only when promtool is not installed.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer.main
+import yaml
+
+from retryd.cli import app
+from retryd.config import Settings, load_settings
+
+REPO = Path(__file__).resolve().parents[2]
+DEPLOY = REPO / "deploy"
+COMPOSE = REPO / "docker-compose.yml"
+DOCKERFILE = REPO / "Dockerfile"
+PROMETHEUS = DEPLOY / "prometheus"
+DASHBOARD = DEPLOY / "grafana" / "dashboards" / "retryd.json"
+PROVISIONING = DEPLOY / "grafana" / "provisioning"
+
+# Product contract, section 4 (public API): name -> Prometheus type.
+SPEC_METRICS = {
+    "retryd_messages_total": "counter",
+    "retryd_dead_letters_total": "counter",
+    "retryd_handler_duration_seconds": "histogram",
+    "retryd_due_lateness_seconds": "histogram",
+    "retryd_paused_partitions": "gauge",
+    "retryd_consumer_lag": "gauge",
+    "retryd_rebalances_total": "counter",
+    "retryd_replayed_total": "counter",
+    "retryd_build_info": "gauge",
+}
+HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
+METRIC_RE = re.compile(r"\b(retryd_[a-z0-9_]+)\b")
+INTERPOLATION_RE = re.compile(r"\$\{(\w+)(?::?-([^}]*))?\}")
+# commands the stack references before their implementation lands
+PENDING_COMMANDS = {"sidecar": "retryd sidecar is not implemented yet"}
+
+
+def load_yaml(path: Path) -> Any:
+    with path.open(encoding="utf-8") as fh:
+        return yaml.safe_load(fh)
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    data = load_yaml(COMPOSE)
+    assert isinstance(data, dict) and "services" in data
+    return data
+
+
+@pytest.fixture(scope="module")
+def dashboard() -> dict[str, Any]:
+    return json.loads(DASHBOARD.read_text(encoding="utf-8"))
+
+
+def interpolate(value: str) -> str:
+    """docker compose ``${VAR:-default}``, with VAR unset."""
+    return INTERPOLATION_RE.sub(lambda m: m.group(2) or "", value)
+
+
+def dashboard_exprs(dashboard: dict[str, Any]) -> list[str]:
+    panels = [p for p in dashboard["panels"] if p.get("type") != "row"]
+    return [t["expr"] for p in panels for t in p.get("targets", [])]
+
+
+def spec_base(metric: str) -> str | None:
+    if metric in SPEC_METRICS:
+        return metric
+    for suffix in HISTOGRAM_SUFFIXES:
+        base = metric.removesuffix(suffix)
+        if base != metric and SPEC_METRICS.get(base) == "histogram":
+            return base
+    return None
+
+
+# --- YAML and JSON ------------------------------------------------------------------------------
+
+
+def test_every_yaml_file_parses() -> None:
+    files = [COMPOSE, *DEPLOY.rglob("*.yml"), *DEPLOY.rglob("*.yaml")]
+    assert len(files) >= 5
+    for path in files:
+        assert load_yaml(path) is not None, path
+
+
+def test_registry_matches_the_spec() -> None:
+    from prometheus_client.metrics import MetricWrapperBase
+
+    from retryd.metrics import registry
+
+    found: dict[str, str] = {}
+    for obj in vars(registry).values():
+        if isinstance(obj, MetricWrapperBase):
+            for family in obj.describe():
+                name = family.name + ("_total" if family.type == "counter" else "")
+                found[name] = family.type
+    assert found == SPEC_METRICS
+
+
+# --- docker-compose -----------------------------------------------------------------------------
+
+
+def test_compose_has_the_stack(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    for name in (
+        "kafka",
+        "retryd-topics",
+        "retryd-worker",
+        "retryd-sidecar",
+        "prometheus",
+        "grafana",
+    ):
+        assert name in services, name
+    kafka = services["kafka"]
+    assert kafka["image"].startswith("apache/kafka:")
+    env = kafka["environment"]
+    assert "controller" in env["KAFKA_PROCESS_ROLES"] and "broker" in env["KAFKA_PROCESS_ROLES"]
+    assert not any("zookeeper" in str(v).lower() for v in env.values())
+    assert services["retryd-topics"]["command"][:2] == ["topics", "create"]
+    assert services["retryd-topics"]["restart"] == "no"
+    # the one-shot runs before the worker, and the worker after the topics exist
+    worker_deps = services["retryd-worker"]["depends_on"]
+    assert worker_deps["retryd-topics"]["condition"] == "service_completed_successfully"
+
+
+def test_compose_references_exist(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    named_volumes = set(compose.get("volumes") or {})
+    for name, svc in services.items():
+        for dep in svc.get("depends_on") or []:
+            assert dep in services, f"{name} depends on unknown service {dep}"
+        if "build" in svc:
+            context = svc["build"] if isinstance(svc["build"], str) else svc["build"]["context"]
+            assert (REPO / context / "Dockerfile").is_file(), name
+        for mount in svc.get("volumes") or []:
+            source = mount.split(":")[0]
+            if source.startswith((".", "/")):
+                assert (REPO / source).exists(), f"{name} mounts missing {source}"
+            else:
+                assert source in named_volumes, f"{name} uses undeclared volume {source}"
+        pid = svc.get("pid", "")
+        if pid.startswith("service:"):
+            assert pid.removeprefix("service:") in services
+
+
+def retryd_services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {n: s for n, s in compose["services"].items() if s.get("image", "").startswith("retryd")}
+
+
+def test_retryd_environment_is_valid_settings(
+    compose: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    services = retryd_services(compose)
+    assert len(services) >= 3
+    for name, svc in services.items():
+        env = {k: interpolate(str(v)) for k, v in svc["environment"].items()}
+        for key in env:
+            if key.startswith("RETRYD_"):
+                assert key.removeprefix("RETRYD_").lower() in Settings.model_fields, (name, key)
+        with monkeypatch.context() as mp:
+            for key, value in env.items():
+                if key.startswith("RETRYD_"):
+                    mp.setenv(key, value)
+            settings = load_settings(REPO / "config" / "retryd.toml")
+        assert settings.bootstrap_servers == "kafka:9092"
+        assert str(settings.state_dir) == "/var/lib/retryd"
+
+
+def command_of(group: Any, tokens: list[str]) -> tuple[Any, list[str]]:
+    """The (typer/click) command ``tokens`` name, and the tokens after it."""
+    command = group
+    rest = list(tokens)
+    while hasattr(command, "commands") and rest and not rest[0].startswith("-"):
+        sub = command.commands.get(rest[0])
+        if sub is None:
+            return None, rest
+        command, rest = sub, rest[1:]
+    return command, rest
+
+
+@pytest.mark.parametrize("service", ["retryd-topics", "retryd-worker", "retryd-sidecar"])
+def test_compose_commands_exist(compose: dict[str, Any], service: str) -> None:
+    tokens = compose["services"][service]["command"]
+    root = typer.main.get_command(app)
+    command, rest = command_of(root, tokens)
+    if command is None and tokens[0] in PENDING_COMMANDS:
+        pytest.skip(PENDING_COMMANDS[tokens[0]])
+    assert command is not None, f"{service}: no command {' '.join(tokens)}"
+    known = {opt for param in command.params for opt in getattr(param, "opts", [])}
+    for token in rest:
+        if token.startswith("-"):
+            assert token.split("=")[0] in known, f"{service}: {token} not an option of {tokens}"
+
+
+def test_sidecar_port_matches_prometheus_target(compose: dict[str, Any]) -> None:
+    sidecar = compose["services"]["retryd-sidecar"]
+    port = sidecar["environment"]["RETRYD_SIDECAR_PORT"]
+    prom = load_yaml(PROMETHEUS / "prometheus.yml")
+    targets = [
+        t
+        for job in prom["scrape_configs"]
+        if job["job_name"] == "retryd"
+        for sc in job["static_configs"]
+        for t in sc["targets"]
+    ]
+    assert targets == [f"retryd-sidecar:{port}"]
+    assert any(p.startswith(f"{port}:") for p in sidecar["ports"])
+    for rule_file in prom["rule_files"]:
+        assert (PROMETHEUS / rule_file.split("#")[0].strip()).is_file()
+
+
+def test_grafana_provisioning_matches_the_stack(
+    compose: dict[str, Any], dashboard: dict[str, Any]
+) -> None:
+    grafana = compose["services"]["grafana"]
+    mounts = dict(m.rsplit(":", 1)[0].split(":", 1) for m in grafana["volumes"] if m[0] == ".")
+    (datasource,) = load_yaml(PROVISIONING / "datasources" / "prometheus.yml")["datasources"]
+    assert datasource["type"] == "prometheus"
+    host = datasource["url"].split("//")[1].split(":")[0]
+    assert host in compose["services"]
+    (provider,) = load_yaml(PROVISIONING / "dashboards" / "retryd.yml")["providers"]
+    assert mounts["./deploy/grafana/dashboards"] == provider["options"]["path"]
+    assert mounts["./deploy/grafana/provisioning"] == "/etc/grafana/provisioning"
+    uids = {
+        t["datasource"]["uid"]
+        for p in dashboard["panels"]
+        if p.get("type") != "row"
+        for t in [p, *p["targets"]]
+    }
+    assert uids == {datasource["uid"]}
+
+
+# --- Dockerfile ---------------------------------------------------------------------------------
+
+
+def dockerfile_instructions() -> list[tuple[str, str]]:
+    text = DOCKERFILE.read_text(encoding="utf-8").replace("\\\n", " ")
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            op, _, args = line.partition(" ")
+            out.append((op.upper(), args.strip()))
+    return out
+
+
+def dockerignore_patterns() -> list[str]:
+    lines = (REPO / ".dockerignore").read_text(encoding="utf-8").splitlines()
+    return [ln.strip() for ln in lines if ln.strip() and not ln.startswith("#")]
+
+
+def ignored(path: str, patterns: list[str]) -> bool:
+    parts = Path(path).parts
+    return any(
+        fnmatch.fnmatch(path, p) or fnmatch.fnmatch(parts[0], p) or p == parts[0] for p in patterns
+    )
+
+
+def test_dockerfile() -> None:
+    steps = dockerfile_instructions()
+    froms = [args for op, args in steps if op == "FROM"]
+    assert froms and froms[-1].split()[0] == "python:3.11-slim"
+    final = len(steps) - 1 - [op for op, _ in steps][::-1].index("FROM")
+    final_steps = steps[final:]
+    users = [args for op, args in final_steps if op == "USER"]
+    assert users and users[-1].split(":")[0] not in ("root", "0")
+    assert ("ENTRYPOINT", '["retryd"]') in final_steps
+    (health,) = [args for op, args in final_steps if op == "HEALTHCHECK"]
+    assert "/healthz" in health and "RETRYD_SIDECAR_PORT" in health
+    assert any(op == "RUN" and "pip install" in args for op, args in final_steps)
+
+
+def test_dockerfile_copies_existing_unignored_files() -> None:
+    patterns = dockerignore_patterns()
+    copies = [shlex.split(args) for op, args in dockerfile_instructions() if op == "COPY"]
+    checked = 0
+    for words in copies:
+        if any(w.startswith("--from") for w in words):
+            continue
+        sources = words[:-1]
+        matched = [s for s in sources if any(REPO.glob(s))]
+        assert matched, f"COPY {' '.join(sources)}: nothing exists"
+        for source in sources:
+            if not any(c in source for c in "*?["):
+                assert (REPO / source).exists(), source
+                assert not ignored(source, patterns), f"{source} is excluded by .dockerignore"
+                checked += 1
+    assert checked >= 3
+
+
+# --- metrics used by the dashboard and alerts ----------------------------------------------------
+
+
+def test_dashboard_queries_only_spec_metrics(dashboard: dict[str, Any]) -> None:
+    exprs = dashboard_exprs(dashboard)
+    assert len(exprs) >= 10
+    used = {m for e in exprs for m in METRIC_RE.findall(e)}
+    unknown = {m for m in used if spec_base(m) is None}
+    assert not unknown, f"dashboard queries metrics the spec does not name: {sorted(unknown)}"
+    covered = {spec_base(m) for m in used}
+    assert covered == set(SPEC_METRICS), f"not on the dashboard: {set(SPEC_METRICS) - covered}"
+    variable_queries = [v["definition"] for v in dashboard["templating"]["list"]]
+    assert all(spec_base(m) for q in variable_queries for m in METRIC_RE.findall(q))
+
+
+def test_dashboard_shape(dashboard: dict[str, Any]) -> None:
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+    titles = {p["title"] for p in dashboard["panels"]}
+    for wanted in (
+        "Messages by outcome",
+        "Dead letters by reason",
+        "Handler duration p50 / p99",
+        "Due lateness p50 / p99",
+        "Paused partitions",
+        "Consumer lag",
+        "Rebalances",
+        "Replays by status",
+    ):
+        assert wanted in titles
+    for expr in dashboard_exprs(dashboard):
+        if "histogram_quantile" in expr:
+            assert "_bucket" in expr and "le" in expr
+
+
+def test_alerts_query_only_spec_metrics() -> None:
+    groups = load_yaml(PROMETHEUS / "alerts.yml")["groups"]
+    rules = [r for g in groups for r in g["rules"]]
+    assert {"RetrydDeadLettersRising", "RetrydConsumerLagHigh", "RetrydWorkerNotReady"} <= {
+        r["alert"] for r in rules
+    }
+    for rule in rules:
+        for metric in METRIC_RE.findall(rule["expr"]):
+            assert spec_base(metric), f"{rule['alert']}: {metric} is not a spec metric"
+        assert rule["labels"]["severity"] in ("warning", "critical")
+        assert rule["annotations"]["summary"]
+
+
+# --- promtool -----------------------------------------------------------------------------------
+
+PROMTOOL = shutil.which("promtool")
+needs_promtool = pytest.mark.skipif(
+    PROMTOOL is None, reason="promtool not on PATH (apt-get install prometheus)"
+)
+
+
+def promtool(*args: str, cwd: Path = PROMETHEUS) -> subprocess.CompletedProcess[str]:
+    assert PROMTOOL is not None
+    return subprocess.run(
+        [PROMTOOL, *args], capture_output=True, text=True, cwd=cwd, timeout=60, check=False
+    )
+
+
+@needs_promtool
+def test_promtool_check_config() -> None:
+    out = promtool("check", "config", "prometheus.yml")
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+@needs_promtool
+def test_promtool_check_rules() -> None:
+    out = promtool("check", "rules", "alerts.yml")
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+@needs_promtool
+def test_promtool_alert_unit_tests() -> None:
+    out = promtool("test", "rules", "alerts_test.yml")
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+@needs_promtool
+def test_promtool_parses_every_dashboard_query(dashboard: dict[str, Any], tmp_path: Path) -> None:
+    """Each dashboard query, with Grafana's variables filled in, as a recording rule."""
+    substitutions = {"$__rate_interval": "1m", "$__range": "1h", "$topic": ".*"}
+    rules = []
+    for i, expr in enumerate(dashboard_exprs(dashboard)):
+        for var, value in substitutions.items():
+            expr = expr.replace(var, value)
+        assert "$" not in expr, expr
+        rules.append({"record": f"retryd:dashboard_query_{i}", "expr": expr})
+    path = tmp_path / "dashboard_rules.yml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
+    out = promtool("check", "rules", str(path), cwd=tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
