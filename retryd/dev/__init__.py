@@ -1,0 +1,1 @@
+"""``retryd dev``: a local run on an embedded broker with demo traffic."""
