@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -153,10 +154,8 @@ def _run(
                 if time.monotonic() - started > timeout_s:
                     console.print(f"[red]not drained after {timeout_s:g}s: stopping workers[/]")
                     workers.terminate()
-                try:
+                with contextlib.suppress(subprocess.TimeoutExpired):
                     workers.wait(0.25)
-                except subprocess.TimeoutExpired:
-                    pass
             live.update(_progress(snapshot(metrics_dir(settings.state_dir)), topics, started))
     except KeyboardInterrupt:
         workers.terminate()
