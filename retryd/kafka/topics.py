@@ -7,6 +7,7 @@ from them so a routed copy can keep its source partition number.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -68,7 +69,7 @@ def _kafka_error(exc: BaseException) -> str:
     if isinstance(exc, KafkaException) and exc.args and isinstance(exc.args[0], KafkaError):
         err: KafkaError = exc.args[0]
         return f"{err.name()}: {err.str()}"
-    return str(exc)
+    return str(exc) or type(exc).__name__
 
 
 def partition_counts(admin: AdminClient, timeout_s: float = 10.0) -> dict[str, int]:
@@ -136,12 +137,26 @@ def _describe(
     for resource, future in futures.items():
         try:
             entries: dict[str, Any] = future.result(timeout_s)
-        except KafkaException as exc:
+        except (KafkaException, TimeoutError) as exc:
             raise KafkaSetupError(
                 f"cannot read the configuration of topic {resource.name}: {_kafka_error(exc)}"
             ) from exc
         out[resource.name] = {key: entry.value for key, entry in entries.items()}
     return out
+
+
+def _await_visible(admin: AdminClient, names: set[str], timeout_s: float) -> dict[str, int]:
+    """Wait until new topics show up in metadata: brokers learn of them asynchronously after
+    the controller created them, and the next step (a worker, a check) asks a broker."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        counts = partition_counts(admin, timeout_s)
+        if names <= counts.keys() or time.monotonic() > deadline:
+            missing = names - counts.keys()
+            if missing:
+                log.warning("created topics not yet in metadata: %s", ", ".join(sorted(missing)))
+            return counts
+        time.sleep(0.2)
 
 
 def _human(ms: int) -> str:
@@ -279,12 +294,14 @@ def create_topics(
                     raced.add(name)  # created concurrently by another provisioner
                 else:
                     failures.append(f"topic {name}: {_kafka_error(exc)}")
+            except TimeoutError:
+                failures.append(f"topic {name}: no answer within {timeout_s:g}s")
     if failures:
         raise KafkaSetupError("could not create " + "; ".join(failures))
+    if created or raced:
+        existing = {**existing, **_await_visible(admin, created | raced, timeout_s)}
     to_describe = [s.name for s in specs if s.name not in created]
     configs = _describe(admin, to_describe, timeout_s)
-    if raced:
-        existing = {**existing, **partition_counts(admin, timeout_s)}
     states = []
     for spec in specs:
         if spec.name in created:
