@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import replace
 
 import pytest
@@ -26,7 +27,8 @@ from retryd.policy.headers import (
 )
 
 ms = st.integers(min_value=0, max_value=2**53)
-topic_names = st.text(alphabet="abcdefghijklmnopqrstuvwxyzABC0123456789._-", min_size=1, max_size=60)
+TOPIC_CHARS = "abcdefghijklmnopqrstuvwxyzABC0123456789._-"
+topic_names = st.text(alphabet=TOPIC_CHARS, min_size=1, max_size=60)
 # user header names never start with retryd_ and are not the two bare retry headers
 user_names = st.text(min_size=0, max_size=20).filter(lambda n: not is_retryd_header(n))
 user_values = st.one_of(st.none(), st.binary(max_size=64))
@@ -243,7 +245,7 @@ def test_none_value_counts_as_missing(name: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "value", [b"", b"abc", b"1.5", b"-1", b"+1", b" 1", b"1 ", b"0x10", "١".encode(), b"1e3"]
+    "value", [b"", b"abc", b"1.5", b"-1", b"+1", b" 1", b"1 ", b"0x10", "\u0661".encode(), b"1e3"]
 )
 @pytest.mark.parametrize(
     "name", [h.RETRY_NUMBER, h.RETRY_TIMESTAMP, h.ORIGINAL_OFFSET, h.FIRST_FAILURE_TIMESTAMP]
@@ -297,10 +299,8 @@ def test_error_quotes_are_bounded() -> None:
     )
 )
 def test_strict_decoder_only_raises_header_error(headers: list[tuple[str, bytes | None]]) -> None:
-    try:
+    with contextlib.suppress(HeaderError):
         decode_tier_envelope(headers)
-    except HeaderError:
-        pass
 
 
 # --- lenient decoding ---------------------------------------------------------------------------
@@ -314,7 +314,7 @@ def test_decode_lenient_tolerates_bad_values() -> None:
         (h.ORIGINAL_TOPIC, b"\xff\xfe"),
         (h.ORIGINAL_PARTITION, "7"),
         (h.ORIGINAL_OFFSET, None),
-        (h.ERROR_MESSAGE, "kaput".encode()),
+        (h.ERROR_MESSAGE, b"kaput"),
         (h.DEAD_REASON, b"malformed"),
     ]
     assert decode_lenient(headers) == {

@@ -74,7 +74,22 @@ def test_equal_delays_format_the_same(a: str, b: str) -> None:
 
 @pytest.mark.parametrize(
     "text",
-    ["", " ", "5", "m", "5x", "5M", "-5m", "+5m", "5.5m", "1e3ms", "5 minutes", "5m5s", "٥m", "0m"],
+    [
+        "",
+        " ",
+        "5",
+        "m",
+        "5x",
+        "5M",
+        "-5m",
+        "+5m",
+        "5.5m",
+        "1e3ms",
+        "5 minutes",
+        "5m5s",
+        "\u0665m",
+        "0m",
+    ],
 )
 def test_invalid_delay_is_a_readable_sequence_error(text: str) -> None:
     with pytest.raises(SequenceError) as info:
