@@ -58,6 +58,13 @@ def describe_validation(exc: RequestValidationError) -> list[str]:
     lines = []
     for err in exc.errors():
         msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+        if tuple(err.get("loc", ())) == ("body",) and err.get("type") in (
+            "model_attributes_type",
+            "dict_type",
+        ):
+            msg = "expected a JSON object (send Content-Type: application/json)"
+        elif err.get("type") == "json_invalid":
+            msg = f"invalid JSON ({err.get('ctx', {}).get('error', 'cannot parse')})"
         lines.append(f"{_field(err.get('loc', ()))}: {msg}")
     return lines
 

@@ -22,6 +22,8 @@ from retryd.replay.records import FailedRecord
 
 log = logging.getLogger(__name__)
 
+QUIET_END_S = 1.0
+
 # Errors that mean "this read cannot succeed": stop at once instead of waiting out the deadline.
 _FATAL_CODES = {
     KafkaError.UNKNOWN_TOPIC_OR_PART,
@@ -121,9 +123,13 @@ class TopicScanner:
         deadline = time.monotonic() + timeout_s
         idle_limit = idle_timeout_s if idle_timeout_s is not None else timeout_s
         last_progress = time.monotonic()
+        last_event = {p: last_progress for p in active}
         try:
             while active:
                 now = time.monotonic()
+                self._end_by_watermark(active, last_event, now)
+                if not active:
+                    break
                 if now - last_progress > idle_limit:
                     raise BrokerUnavailable(
                         f"no answer from Kafka reading {self.topic} within {idle_limit:g}s"
@@ -139,14 +145,16 @@ class TopicScanner:
                         continue
                     if err is not None:
                         if err.code() == KafkaError._PARTITION_EOF:
-                            last_progress = time.monotonic()
+                            last_progress = last_event[part] = time.monotonic()
                             self.positions[part] = max(self.positions[part], msg.offset() or 0)
                             active.discard(part)
                             continue
                         self._on_error(err)
                         continue
                     offset = msg.offset() or 0
-                    last_progress = time.monotonic()
+                    last_progress = last_event[part] = time.monotonic()
+                    if offset < start[part]:
+                        continue  # re-read after an offset reset: not part of this scan
                     if stop is not None and part in stop and offset >= stop[part]:
                         active.discard(part)
                         continue
@@ -157,6 +165,19 @@ class TopicScanner:
             self.last_scan_complete = True
         finally:
             self.consumer.unassign()
+
+    def _end_by_watermark(self, active: set[int], last_event: dict[int, float], now: float) -> None:
+        """A fetch at or past the end may return nothing and no end-of-partition event (some
+        brokers do not report out-of-range). After a quiet second, trust the high watermark
+        of the last fetch response."""
+        for part in list(active):
+            if now - last_event[part] < QUIET_END_S:
+                continue
+            _, high = self.consumer.get_watermark_offsets(
+                TopicPartition(self.topic, part), cached=True
+            )
+            if high >= 0 and self.positions[part] >= high:
+                active.discard(part)
 
     def _on_error(self, err: KafkaError) -> None:
         if err.fatal() or err.code() in _FATAL_CODES:
