@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 
 LEDGER_REFRESH_S = 1.0
 MAX_ERRORS_KEPT = 20
+RATE_WINDOW_S = 5.0
 
 
 class TokenBucket:
@@ -139,6 +140,8 @@ class ReplayJob:
         self._thread: threading.Thread | None = None
         self._rate_samples: deque[tuple[float, int]] = deque(maxlen=64)
         self._inflight = 0
+        self._replay_began: float | None = None
+        self._finished_mono: float | None = None
 
     # ------------------------------------------------------------------ control
     def start(self) -> ReplayJob:
@@ -378,8 +381,12 @@ class ReplayJob:
             self.progress.position = dict(scanner.positions)
 
     def _sample(self) -> None:
+        now = time.monotonic()
         with self._lock:
-            self._rate_samples.append((time.monotonic(), self.progress.replayed))
+            if self._replay_began is None:
+                self._replay_began = now
+            if not self._rate_samples or now - self._rate_samples[-1][0] >= 0.25:
+                self._rate_samples.append((now, self.progress.replayed))
 
     def _note_error(self, text: str) -> None:
         errors = self.progress.errors
@@ -396,6 +403,7 @@ class ReplayJob:
             self.progress.state = state
             self.progress.stop_reason = reason
             self.progress.finished_at = time.time()
+            self._finished_mono = time.monotonic()
         self._done.set()
         log.info(
             "replay job %s %s: %s (replayed=%d skipped=%d failed=%d)",
@@ -408,19 +416,22 @@ class ReplayJob:
         )
 
     def rate(self) -> float:
-        """Replays per second over the last few seconds (overall while young)."""
+        """Replays per second: over the last few seconds while running, overall once done."""
         with self._lock:
             samples = list(self._rate_samples)
             replayed = self.progress.replayed
-            finished = self.progress.finished_at
-        if not samples:
+            finished = self._finished_mono
+            began = self._replay_began
+        if began is None or replayed == 0:
             return 0.0
-        now = time.monotonic()
-        window = [s for s in samples if now - s[0] <= 5.0] or samples[-1:]
-        t0, n0 = window[0]
         if finished is not None:
-            t0, n0 = samples[0]
-            now = samples[-1][0] if len(samples) > 1 else now
+            elapsed = finished - began
+            return replayed / elapsed if elapsed > 0 else 0.0
+        now = time.monotonic()
+        window = [s for s in samples if now - s[0] <= RATE_WINDOW_S]
+        t0, n0 = window[0] if window else (began, 0)
+        if now - t0 < 1.0:
+            t0, n0 = began, 0
         elapsed = now - t0
         return (replayed - n0) / elapsed if elapsed > 0 else 0.0
 
