@@ -1,0 +1,88 @@
+"""Turns a handler spec (``python:pkg.mod:func`` or an ``http(s)://`` URL) into a Handler.
+
+Everything that can be checked before the first message is checked here, so a bad
+deployment fails at start-up with one readable line instead of dead-lettering traffic.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+
+from retryd.errors import HandlerLoadError
+from retryd.handlers.base import Handler
+from retryd.handlers.http_handler import HttpHandler, redact_url
+from retryd.handlers.python_handler import PythonHandler
+
+_IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
+_PYTHON_SPEC = re.compile(
+    rf"^python:(?P<module>{_IDENT}(?:\.{_IDENT})*):(?P<attr>{_IDENT}(?:\.{_IDENT})*)$"
+)
+
+
+def load_handler(spec: str, *, timeout_s: float, non_retryable: Sequence[str] = ()) -> Handler:
+    """Build the handler for ``spec``; raises ``HandlerLoadError`` if it cannot work."""
+    if not timeout_s > 0:
+        raise HandlerLoadError(f"handler timeout must be > 0 seconds, got {timeout_s!r}")
+    spec = spec.strip()
+    if spec.startswith("python:"):
+        func = _import_callable(spec)
+        return PythonHandler(
+            func,
+            timeout_s=timeout_s,
+            non_retryable=non_retryable,
+            name=spec.removeprefix("python:"),
+        )
+    if spec.lower().startswith(("http://", "https://")):
+        return _http_handler(spec, timeout_s)
+    shown = redact_url(spec) if "://" in spec else spec
+    raise HandlerLoadError(
+        f"unknown handler spec {shown!r}: expected 'python:package.module:function' "
+        "or an http:// / https:// URL"
+    )
+
+
+def _import_callable(spec: str) -> Any:
+    match = _PYTHON_SPEC.match(spec)
+    if match is None:
+        raise HandlerLoadError(
+            f"bad python handler spec {spec!r}: expected 'python:package.module:function'"
+        )
+    module_name, attr_path = match["module"], match["attr"]
+    try:
+        target: Any = importlib.import_module(module_name)
+    except Exception as exc:
+        raise HandlerLoadError(
+            f"handler {spec!r}: cannot import module {module_name!r} "
+            f"({type(exc).__name__}: {exc}); is it installed or on PYTHONPATH?"
+        ) from exc
+    walked = module_name
+    for part in attr_path.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError as exc:
+            raise HandlerLoadError(
+                f"handler {spec!r}: {walked!r} has no attribute {part!r}"
+            ) from exc
+        walked = f"{walked}.{part}"
+    if not callable(target):
+        raise HandlerLoadError(
+            f"handler {spec!r}: {walked} is a {type(target).__name__}, not a callable"
+        )
+    return target
+
+
+def _http_handler(spec: str, timeout_s: float) -> HttpHandler:
+    try:
+        url = httpx.URL(spec)
+    except (httpx.InvalidURL, ValueError, TypeError) as exc:
+        raise HandlerLoadError(f"bad handler URL {redact_url(spec)!r}: {exc}") from exc
+    if url.scheme not in ("http", "https") or not url.host:
+        raise HandlerLoadError(
+            f"bad handler URL {redact_url(spec)!r}: needs http(s)://host[:port]/path"
+        )
+    return HttpHandler(str(url), timeout_s=timeout_s)

@@ -1,0 +1,366 @@
+"""Calls an in-process Python callable (sync or async) with a hard per-call timeout.
+
+Sync callables run on daemon worker threads that are reused between calls (a queue hand-off
+costs tens of microseconds, a new thread per call would cost far more). A call that overruns
+its timeout cannot be killed in Python, so its thread is *abandoned*: counted in
+``abandoned`` and replaced by a fresh one. Daemon threads never block interpreter exit, which
+is why this does not use ``ThreadPoolExecutor`` (its threads are joined at exit).
+
+Async callables run on one persistent event loop in a daemon thread; a timeout cancels the
+coroutine. If the loop itself is stuck (blocking code inside ``async def``, or a coroutine
+that swallows cancellation) the caller gives up after a grace period and the loop is
+abandoned like a hung thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Coroutine, Iterable
+from typing import Any
+
+from retryd.handlers.base import HandlerShutdown, Message
+from retryd.policy.classify import HandlerResult, classify_exception, timeout_result
+
+logger = logging.getLogger(__name__)
+
+# How long past its timeout an async call may take to acknowledge cancellation before the
+# caller stops waiting and abandons the event loop.
+ASYNC_CANCEL_GRACE_S = 1.0
+
+_STOP = object()
+# (exception or None, return value)
+_Out = tuple[BaseException | None, Any]
+
+
+def where(message: Message) -> str:
+    return f"{message.topic}[{message.partition}]@{message.offset}"
+
+
+def is_async_callable(func: Callable[..., Any]) -> bool:
+    """True for ``async def`` functions, partials of them and objects with ``async __call__``."""
+    if inspect.iscoroutinefunction(func):
+        return True
+    call = getattr(type(func), "__call__", None)  # noqa: B004 - we want the method itself
+    return call is not None and inspect.iscoroutinefunction(call)
+
+
+class _SyncWorker:
+    """One daemon thread that runs the callable for one message at a time."""
+
+    __slots__ = ("_abandoned", "_func", "_jobs", "_lock", "_owner", "_results", "thread")
+
+    def __init__(self, owner: PythonHandler, func: Callable[[Message], Any], name: str) -> None:
+        self._owner = owner
+        self._func = func
+        self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._results: queue.SimpleQueue[_Out] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._abandoned = False
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        func, jobs, results = self._func, self._jobs, self._results
+        while True:
+            message = jobs.get()
+            if message is _STOP:
+                return
+            out: _Out
+            try:
+                out = (None, func(message))
+            except BaseException as exc:  # business code may raise anything; the caller sorts it
+                out = (exc, None)
+            with self._lock:
+                if self._abandoned:
+                    self._owner._late_return(message)
+                    return
+                results.put(out)
+            del out, message
+
+    def call(self, message: Message, timeout: float) -> _Out | None:
+        """The call's outcome, or None if it timed out (this worker is then abandoned)."""
+        self._jobs.put(message)
+        try:
+            return self._results.get(timeout=timeout)
+        except queue.Empty:
+            with self._lock:
+                try:  # finished between the timeout and taking the lock
+                    return self._results.get_nowait()
+                except queue.Empty:
+                    self._abandoned = True
+                    self._owner._count_abandoned(+1)
+                    return None
+
+    def stop(self) -> None:
+        self._jobs.put(_STOP)
+
+
+class _AsyncCall:
+    """One async call in flight; ``done`` is released when ``result`` is set."""
+
+    __slots__ = ("abandoned", "done", "finished", "message", "result")
+
+    def __init__(self, message: Message) -> None:
+        self.message = message
+        self.done = threading.Lock()
+        self.done.acquire()
+        self.finished = False
+        self.abandoned = False
+        self.result: _Out | None = None  # None: timed out and cancelled
+
+
+class _LoopRunner:
+    """A persistent asyncio loop on a daemon thread, running calls as tasks."""
+
+    def __init__(self, owner: PythonHandler, name: str) -> None:
+        self._owner = owner
+        self.loop = asyncio.new_event_loop()
+        self.lock = threading.Lock()
+        self.inflight = 0
+        self.abandoned = False
+        self._tasks: set[asyncio.Task[_Out | None]] = set()  # strong refs while running
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.loop.run_forever()
+        finally:
+            self.loop.close()
+
+    def submit(self, call: _AsyncCall, factory: Callable[[Message], Any], timeout: float) -> bool:
+        with self.lock:
+            self.inflight += 1
+        try:
+            self.loop.call_soon_threadsafe(self._start, call, factory, timeout)
+        except RuntimeError:  # loop closed under us (close() raced)
+            with self.lock:
+                self.inflight -= 1
+            return False
+        return True
+
+    def _start(self, call: _AsyncCall, factory: Callable[[Message], Any], timeout: float) -> None:
+        task = self.loop.create_task(_invoke(factory, call.message, timeout))
+        self._tasks.add(task)
+        task.add_done_callback(lambda t: self._done(t, call))
+
+    def _done(self, task: asyncio.Task[_Out | None], call: _AsyncCall) -> None:
+        self._tasks.discard(task)
+        result = None if task.cancelled() else task.result()
+        with self.lock:
+            self.inflight -= 1
+            stop = self.abandoned and self.inflight == 0
+            late = call.abandoned
+            if not late:
+                call.result = result
+                call.finished = True
+                call.done.release()
+        if late:
+            self._owner._late_return(call.message)
+        if stop:
+            self.loop.stop()
+
+    def wait(self, call: _AsyncCall, timeout: float) -> bool:
+        """True once the call finished; False if it did not and is now abandoned (with the loop)."""
+        if call.done.acquire(timeout=timeout):
+            return True
+        with self.lock:
+            if call.finished:
+                return True
+            call.abandoned = True
+            self.abandoned = True
+            self._owner._count_abandoned(+1)
+        return False
+
+    def stop(self) -> None:
+        if not self.loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # closed concurrently
+                self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+class PythonHandler:
+    """Handler for ``python:package.module:function`` specs.
+
+    Thread-safe: concurrent calls each get their own worker thread (sync) or task (async).
+    """
+
+    def __init__(
+        self,
+        func: Callable[[Message], Any],
+        *,
+        timeout_s: float,
+        non_retryable: Iterable[str] = (),
+        name: str = "handler",
+    ) -> None:
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
+        self._func = func
+        self._timeout_s = float(timeout_s)
+        self._non_retryable = frozenset(non_retryable)
+        self._name = name
+        self._is_async = is_async_callable(func)
+        self._count_lock = threading.Lock()
+        self._abandoned = 0
+        self._idle: list[_SyncWorker] = []
+        self._workers_started = 0
+        self._runner: _LoopRunner | None = None
+        self._runner_lock = threading.Lock()
+        self._closed = False
+
+    @property
+    def abandoned(self) -> int:
+        return self._abandoned
+
+    @property
+    def timeout_s(self) -> float:
+        return self._timeout_s
+
+    def __call__(self, message: Message) -> HandlerResult:
+        if self._is_async:
+            return self._call_async(message, self._func, self._timeout_s)
+        try:
+            worker = self._idle.pop()
+        except IndexError:
+            worker = self._new_worker()
+        start = time.monotonic()
+        out = worker.call(message, self._timeout_s)
+        if out is None:
+            logger.warning(
+                "%s: handler %s did not finish within %gs; abandoning its thread (%d abandoned)",
+                where(message),
+                self._name,
+                self._timeout_s,
+                self._abandoned,
+            )
+            return timeout_result(self._timeout_s)
+        if self._closed:
+            worker.stop()
+        else:
+            self._idle.append(worker)
+        exc, value = out
+        if exc is not None:
+            return self._failed(message, exc)
+        if inspect.isawaitable(value):  # a sync callable that hands back a coroutine
+            remaining = max(self._timeout_s - (time.monotonic() - start), 0.001)
+            return self._call_async(message, lambda _m: value, remaining)
+        return HandlerResult.success()
+
+    def close(self) -> None:
+        """Stop idle workers and the event loop; abandoned threads die with the process."""
+        self._closed = True
+        while self._idle:
+            self._idle.pop().stop()
+        with self._runner_lock:
+            runner, self._runner = self._runner, None
+        if runner is not None:
+            runner.stop()
+            runner.thread.join(timeout=1.0)
+
+    # -- sync ---------------------------------------------------------------------------------
+
+    def _new_worker(self) -> _SyncWorker:
+        with self._count_lock:
+            self._workers_started += 1
+            number = self._workers_started
+        return _SyncWorker(self, self._func, f"retryd-handler-{self._name}-{number}")
+
+    def _count_abandoned(self, delta: int) -> None:
+        with self._count_lock:
+            self._abandoned += delta
+
+    def _late_return(self, message: Message) -> None:
+        """An abandoned call finally returned: its thread exits."""
+        self._count_abandoned(-1)
+        logger.info(
+            "%s: abandoned handler call %s returned late (%d still abandoned)",
+            where(message),
+            self._name,
+            self._abandoned,
+        )
+
+    def _failed(self, message: Message, exc: BaseException) -> HandlerResult:
+        if isinstance(exc, KeyboardInterrupt | SystemExit):
+            raise HandlerShutdown(
+                f"{where(message)}: handler {self._name} raised {type(exc).__name__}"
+            ) from exc
+        result = classify_exception(exc, self._non_retryable)
+        logger.debug(
+            "%s: handler %s raised %s (%s)",
+            where(message),
+            self._name,
+            result.error_class,
+            result.outcome.value,
+            exc_info=exc,
+        )
+        return result
+
+    # -- async --------------------------------------------------------------------------------
+
+    def _get_runner(self) -> _LoopRunner:
+        with self._runner_lock:
+            if self._runner is None:
+                with self._count_lock:
+                    self._workers_started += 1
+                    number = self._workers_started
+                self._runner = _LoopRunner(self, f"retryd-handler-{self._name}-loop-{number}")
+            return self._runner
+
+    def _call_async(
+        self, message: Message, factory: Callable[[Message], Any], timeout: float
+    ) -> HandlerResult:
+        runner = self._get_runner()
+        call = _AsyncCall(message)
+        if not runner.submit(call, factory, timeout):
+            return timeout_result(timeout)
+        if not runner.wait(call, timeout + ASYNC_CANCEL_GRACE_S):
+            with self._runner_lock:
+                if self._runner is runner:
+                    self._runner = None  # the next call gets a fresh loop
+            logger.warning(
+                "%s: async handler %s still running %gs after its timeout was cancelled; "
+                "abandoning its event loop (%d abandoned)",
+                where(message),
+                self._name,
+                ASYNC_CANCEL_GRACE_S,
+                self._abandoned,
+            )
+            return timeout_result(timeout)
+        if call.result is None:
+            logger.warning(
+                "%s: async handler %s did not finish within %gs; cancelled",
+                where(message),
+                self._name,
+                timeout,
+            )
+            return timeout_result(timeout)
+        exc, _value = call.result
+        if exc is not None:
+            return self._failed(message, exc)
+        return HandlerResult.success()
+
+
+async def _invoke(
+    factory: Callable[[Message], Any], message: Message, timeout: float
+) -> _Out | None:
+    """Run one async call on the loop; never lets an exception escape into the loop."""
+    try:
+        async with asyncio.timeout(timeout) as scope:
+            coro: Coroutine[Any, Any, Any] = factory(message)
+            value = await coro
+        return (None, value)
+    except TimeoutError as exc:
+        return None if scope.expired() else (exc, None)
+    except asyncio.CancelledError as exc:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise  # the loop is shutting down
+        return (exc, None)  # business code raised CancelledError itself
+    except BaseException as exc:  # incl. KeyboardInterrupt/SystemExit: must not kill the loop
+        return (exc, None)
