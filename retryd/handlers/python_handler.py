@@ -7,9 +7,10 @@ its timeout cannot be killed in Python, so its thread is *abandoned*: counted in
 is why this does not use ``ThreadPoolExecutor`` (its threads are joined at exit).
 
 Async callables run on one persistent event loop in a daemon thread; a timeout cancels the
-coroutine. If the loop itself is stuck (blocking code inside ``async def``, or a coroutine
-that swallows cancellation) the caller gives up after a grace period and the loop is
-abandoned like a hung thread.
+coroutine (``asyncio.timeout``, like ``wait_for`` but it tells our timeout apart from a
+``TimeoutError`` raised by business code). If the loop itself is stuck (blocking code inside
+``async def``, or a coroutine that swallows cancellation) the caller gives up after a grace
+period and the loop is abandoned like a hung thread.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def is_async_callable(func: Callable[..., Any]) -> bool:
     """True for ``async def`` functions, partials of them and objects with ``async __call__``."""
     if inspect.iscoroutinefunction(func):
         return True
-    call = getattr(type(func), "__call__", None)  # noqa: B004 - we want the method itself
+    call = getattr(type(func), "__call__", None)  # noqa: B004 - the method, not callability
     return call is not None and inspect.iscoroutinefunction(call)
 
 
