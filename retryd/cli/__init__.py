@@ -6,6 +6,7 @@ from __future__ import annotations
 from retryd.cli import dev as _dev  # noqa: F401
 from retryd.cli import replay as _replay  # noqa: F401
 from retryd.cli import sidecar as _sidecar  # noqa: F401
+from retryd.cli import spark as _spark  # noqa: F401
 from retryd.cli import topics as _topics  # noqa: F401
 from retryd.cli import version as _version  # noqa: F401
 from retryd.cli import worker as _worker  # noqa: F401
