@@ -59,8 +59,8 @@ class TokenBucket:
     def try_take(self) -> float:
         """Take a token and return 0, or return how long to wait before one is available."""
         self._refill()
-        if self.tokens >= 1:
-            self.tokens -= 1
+        if self.tokens >= 1 - 1e-9:  # tolerate float rounding of the refill
+            self.tokens = max(0.0, self.tokens - 1)
             return 0.0
         return (1 - self.tokens) / self.rate
 
