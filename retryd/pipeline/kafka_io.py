@@ -35,6 +35,7 @@ def range_consumer(conf: Mapping[str, str], **extra: object) -> Consumer:
     """A consumer for explicit ``assign()`` reads: no group membership, no commits."""
     settings: dict[str, object] = {
         "group.id": "retryd-spark-reader",
+        "fetch.wait.max.ms": 100,  # a range often ends at the log end: do not idle there
         **conf,
         "enable.auto.commit": False,
         "enable.auto.offset.store": False,

@@ -1,0 +1,176 @@
+"""The executor side of ``retryd spark replay``: one task replays its share of the rows.
+
+Per row: re-check the ledger (unless forced), take a token from this task's bucket, produce
+the copy; when the broker acknowledges the copy, write its ledger record with
+``ReplayLedger.record_async``; the replay counts when that record is acknowledged too.
+This is the ordering contract of ``retryd.replay.ledger``.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import KafkaError, Message, Producer
+
+from retryd.policy.headers import replay_headers
+from retryd.replay.jobs import LEDGER_REFRESH_S, TokenBucket
+from retryd.replay.ledger import LedgerEntry, ReplayLedger
+from retryd.replay.records import FailedRecord
+from retryd.replay.replayer import producer_config, target_partition
+
+log = logging.getLogger(__name__)
+MAX_ERRORS = 20
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """What every task needs; pickled into the Spark closure."""
+
+    kafka_conf: dict[str, str]
+    ledger_topic: str
+    replay_id: str
+    partitions: dict[str | None, int]  # allowed target topic -> partition count
+    rate_per_task: float
+    force: bool
+    timeout_s: float = 10.0
+
+
+class _Task:
+    def __init__(self, spec: TaskSpec) -> None:
+        self.spec = spec
+        self.by = f"spark@{socket.gethostname()}"
+        self.ledger = ReplayLedger(spec.kafka_conf, spec.ledger_topic, timeout_s=spec.timeout_s)
+        self.producer = Producer(producer_config(spec.kafka_conf), logger=log)
+        self.bucket = TokenBucket(spec.rate_per_task)
+        self.never = threading.Event()
+        self.inflight = 0
+        self.replayed = 0
+        self.failed = 0
+        self.skipped: Counter[str] = Counter()
+        self.by_target: Counter[str] = Counter()
+        self.errors: list[str] = []
+
+    def error(self, text: str) -> None:
+        log.error("%s", text)
+        if len(self.errors) < MAX_ERRORS:
+            self.errors.append(text)
+
+    def idle(self, seconds: float) -> None:
+        self.producer.poll(seconds)
+        self.ledger.poll(0)
+
+    def send(self, rec: FailedRecord, target: str, forced: bool) -> None:
+        coord = rec.coord
+        where = f"{rec.topic}[{rec.partition}]@{rec.offset}"
+
+        def ledger_done(err: KafkaError | None, offset: int | None) -> None:
+            self.inflight -= 1
+            if err is None:
+                self.replayed += 1
+                self.by_target[target] += 1
+            else:
+                self.failed += 1
+                self.error(f"{where} replayed to {target} but the ledger write failed: {err.str()}")
+
+        def delivered(err: KafkaError | None, msg: Message) -> None:
+            if err is not None:
+                self.inflight -= 1
+                self.failed += 1
+                self.error(f"{where}: producing the copy to {target} failed: {err.str()}")
+                return
+            entry = LedgerEntry(
+                replay_id=self.spec.replay_id,
+                target_topic=target,
+                target_partition=msg.partition(),
+                target_offset=msg.offset(),
+                replayed_at_ms=int(time.time() * 1000),
+                forced=forced,
+                by=self.by,
+            )
+            self.ledger.record_async(coord, entry, ledger_done)
+
+        kwargs: dict[str, Any] = {
+            "key": rec.key,
+            "value": rec.value,
+            "headers": replay_headers(
+                rec.headers, replay_id=self.spec.replay_id, replayed_from=str(coord)
+            ),
+            "on_delivery": delivered,
+        }
+        part = target_partition(rec, target, self.spec.partitions[target])
+        if part is not None:
+            kwargs["partition"] = part
+        self.inflight += 1
+        while True:
+            try:
+                self.producer.produce(target, **kwargs)
+                break
+            except BufferError:
+                self.idle(0.05)
+        self.idle(0)
+
+    def drain(self) -> None:
+        deadline = time.monotonic() + self.spec.timeout_s * 6
+        while self.inflight > 0 and time.monotonic() < deadline:
+            self.producer.poll(0.05)
+            self.ledger.poll(0.05)
+        if self.inflight > 0:
+            self.failed += self.inflight
+            self.error(f"{self.inflight} replay(s) not acknowledged in time (outcome unknown)")
+            self.inflight = 0
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "replayed": self.replayed,
+            "failed": self.failed,
+            "skipped": dict(self.skipped),
+            "by_target": dict(self.by_target),
+            "errors": self.errors,
+        }
+
+
+def to_record(row: Any) -> FailedRecord:
+    headers = [
+        (h["key"], None if h["value"] is None else bytes(h["value"])) for h in row["headers"]
+    ]
+    return FailedRecord(
+        topic=row["topic"],
+        partition=row["partition"],
+        offset=row["offset"],
+        timestamp=row["ts_ms"] if row["ts_ms"] is not None else -1,
+        key=None if row["key"] is None else bytes(row["key"]),
+        value=None if row["value"] is None else bytes(row["value"]),
+        headers=headers,
+    )
+
+
+def replay_partition(spec: TaskSpec, rows: Iterator[Any]) -> Iterator[dict[str, Any]]:
+    """Replay the rows of one Spark partition; yields one summary dict."""
+    task = _Task(spec)
+    try:
+        task.ledger.refresh()
+        last_refresh = time.monotonic()
+        for row in rows:
+            rec = to_record(row)
+            target = row["target"]
+            if time.monotonic() - last_refresh > LEDGER_REFRESH_S:
+                task.ledger.refresh()  # the sidecar may have replayed some meanwhile
+                last_refresh = time.monotonic()
+            known = task.ledger.is_replayed(rec.coord)
+            if known and not spec.force:
+                task.skipped["already_replayed"] += 1
+                continue
+            task.bucket.take(task.never, task.idle)
+            task.send(rec, target, forced=known)
+        task.drain()
+    finally:
+        task.ledger.close()
+        task.producer.flush(spec.timeout_s)
+    yield task.summary()
