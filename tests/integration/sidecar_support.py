@@ -88,8 +88,10 @@ class Env:
             RETRYD_SIDECAR_PORT=str(port),
             RETRYD_READINESS_TIMEOUT_S="1",
             RETRYD_SESSION_TIMEOUT_MS="6000",
-            **self.extra,
         )
+        if self.other == self.main:
+            env["RETRYD_MAIN_TOPICS"] = self.main
+        env.update(self.extra)
         if self.token:
             env["RETRYD_API_TOKEN"] = self.token
         return env
