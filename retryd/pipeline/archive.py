@@ -50,7 +50,7 @@ class ArchiveSpec:
     kafka_conf: Mapping[str, str]
     topic: str
     out_dir: Path
-    source: Source = Source.PYTHON
+    source: Source | str = Source.PYTHON
     max_records_per_partition: int | None = None
 
 

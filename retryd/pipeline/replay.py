@@ -59,7 +59,7 @@ class ReplaySpec:
     max_messages: int | None = None
     dry_run: bool = False
     force: bool = False
-    source: Source = Source.PYTHON
+    source: Source | str = Source.PYTHON
     max_records_per_partition: int | None = None
     replication_factor: int = -1
     replay_id: str | None = None

@@ -42,7 +42,7 @@ class ReportSpec:
     tier_topics: tuple[str, ...]  # in retry-sequence order
     out_dir: Path
     top_n: int = 20
-    source: Source = Source.PYTHON
+    source: Source | str = Source.PYTHON
     max_records_per_partition: int | None = None
     since_ms: int | None = None  # dead letters with a Kafka timestamp >= since (epoch ms)
     until_ms: int | None = None  # ... and < until

@@ -35,15 +35,19 @@ def shared_spark() -> SparkSession:
     return _session[0]
 
 
+def stop_shared() -> None:
+    """Stop the shared session and its JVM (idempotent: every module's fixture calls it)."""
+    if _session:
+        stop_session(_session.pop())
+
+
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
     session = shared_spark()
     try:
         yield session
     finally:
-        if _session:
-            _session.clear()
-            stop_session(session)
+        stop_shared()
 
 
 def dead_letter(
