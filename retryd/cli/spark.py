@@ -30,7 +30,9 @@ spark_app = typer.Typer(
 app.add_typer(spark_app, name="spark")
 
 EXIT_RUNTIME = 3
-MasterOption = typer.Option("local[*]", "--master", help="Spark master URL")
+MasterOption = typer.Option(
+    None, "--master", help="Spark master URL [default: local[*], or spark-submit's --master]"
+)
 SourceOption = typer.Option(
     "python", "--source", help="python: retryd_kafka data source; native: Spark's Kafka connector"
 )
@@ -61,7 +63,9 @@ def _source(name: str) -> str:
 
 
 @contextmanager
-def spark_session(master: str, conf: dict[str, str], console: Console) -> Iterator[SparkSession]:
+def spark_session(
+    master: str | None, conf: dict[str, str], console: Console
+) -> Iterator[SparkSession]:
     """Check the runtime, start Spark (or reuse a running session), stop what we started."""
     from retryd.pipeline.session import SparkUnavailableError, check_runtime
 
@@ -79,7 +83,9 @@ def spark_session(master: str, conf: dict[str, str], console: Console) -> Iterat
         register(existing)
         yield existing
         return
-    with console.status(f"starting Spark ({master})"):
+    if master is None and "PYSPARK_GATEWAY_PORT" not in os.environ:
+        master = "local[*]"  # not launched by spark-submit
+    with console.status(f"starting Spark ({master or 'spark-submit'})"):
         session = build_session(master, "retryd", conf)
     try:
         yield session
@@ -100,7 +106,7 @@ def _job_errors() -> Iterator[None]:
 def report(
     out: Path = typer.Option(..., "--out", help="output directory (Parquet, CSV, report.png)"),
     config: Path | None = ConfigOption,
-    master: str = MasterOption,
+    master: str | None = MasterOption,
     source: str = SourceOption,
     top: int = typer.Option(20, "--top", min=1, help="how many error messages to list"),
     since_ms: int | None = typer.Option(None, min=0, help="dead-lettered at/after (epoch ms)"),
@@ -140,7 +146,7 @@ def archive(
     out: Path = typer.Option(..., "--out", help="archive directory (date=YYYY-MM-DD/...)"),
     config: Path | None = ConfigOption,
     topic: str | None = typer.Option(None, "--topic", help="topic to archive (default: failed)"),
-    master: str = MasterOption,
+    master: str | None = MasterOption,
     source: str = SourceOption,
     max_records_per_partition: int | None = ChunkOption,
     spark_conf: list[str] | None = ConfOption,
@@ -181,7 +187,7 @@ def replay(
     max_messages: int | None = typer.Option(None, min=1, help="replay at most this many"),
     dry_run: bool = typer.Option(False, "--dry-run", help="count only; produce nothing"),
     force: bool = typer.Option(False, "--force", help="replay records the ledger already has"),
-    master: str = MasterOption,
+    master: str | None = MasterOption,
     source: str = SourceOption,
     max_records_per_partition: int | None = ChunkOption,
     spark_conf: list[str] | None = ConfOption,

@@ -105,20 +105,25 @@ def check_runtime(env: Mapping[str, str] | None = None) -> None:
 
 
 def build_session(
-    master: str = "local[*]",
+    master: str | None = "local[*]",
     app_name: str = "retryd",
     conf: Mapping[str, Any] | None = None,
 ) -> SparkSession:
-    """A SparkSession with the retryd_kafka source registered and UTC as session time zone."""
+    """A SparkSession with the retryd_kafka source registered and UTC as session time zone.
+
+    ``master=None`` keeps the master chosen by ``spark-submit`` (the job runs inside it).
+    """
     from pyspark.sql import SparkSession
 
-    builder = SparkSession.builder.master(master).appName(app_name)
+    builder = SparkSession.builder.appName(app_name)
+    if master is not None:
+        builder = builder.master(master)
     settings: dict[str, Any] = {
         "spark.sql.session.timeZone": "UTC",
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
     }
-    if master.startswith("local"):
+    if master is not None and master.startswith("local"):
         # Python workers run on this machine: use this interpreter (with retryd installed).
         # The JVM hands PYSPARK_PYTHON to the data source planner, so set it before launch.
         settings["spark.pyspark.python"] = sys.executable
@@ -129,7 +134,7 @@ def build_session(
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     register(spark)
-    log.info("spark %s session on %s", spark.version, master)
+    log.info("spark %s session on %s", spark.version, spark.sparkContext.master)
     return spark
 
 
