@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -44,6 +46,13 @@ class Handler(Protocol):
 
     def __call__(self, message: Message) -> HandlerResult: ...
 
+    def call_many(
+        self, messages: Sequence[Message], cancel: Callable[[], bool] = ...
+    ) -> Iterator[tuple[HandlerResult, float]]:
+        """(result, seconds) in order; stops early, after the calls already started, once
+        ``cancel()`` is true."""
+        ...
+
     def close(self) -> None: ...
 
     @property
@@ -54,3 +63,15 @@ class Handler(Protocol):
 
 class HandlerShutdown(Exception):
     """Business code raised KeyboardInterrupt/SystemExit: stop the worker, do not ack."""
+
+
+def call_sequentially(
+    handler: Handler, messages: Sequence[Message], cancel: Callable[[], bool]
+) -> Iterator[tuple[HandlerResult, float]]:
+    """``call_many`` for handlers with nothing to gain from batching (one call at a time)."""
+    for message in messages:
+        if cancel():
+            return
+        started = time.perf_counter()
+        result = handler(message)
+        yield result, time.perf_counter() - started

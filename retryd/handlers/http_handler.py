@@ -44,13 +44,13 @@ import logging
 import re
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
-from retryd.handlers.base import Message
+from retryd.handlers.base import Message, call_sequentially
 from retryd.handlers.python_handler import where
 from retryd.policy.classify import HandlerResult, Outcome, classify_http, timeout_result
 
@@ -236,6 +236,11 @@ class HttpHandler:
             "%s: POST %s timed out after %gs", where(message), self._shown_url, self._timeout_s
         )
         return timeout_result(self._timeout_s)
+
+    def call_many(
+        self, messages: Sequence[Message], cancel: Callable[[], bool] = lambda: False
+    ) -> Iterator[tuple[HandlerResult, float]]:
+        return call_sequentially(self, messages, cancel)
 
     def close(self) -> None:
         self._client.close()

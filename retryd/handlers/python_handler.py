@@ -22,10 +22,10 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Coroutine, Iterable
-from typing import Any
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
+from typing import Any, cast
 
-from retryd.handlers.base import HandlerShutdown, Message
+from retryd.handlers.base import HandlerShutdown, Message, call_sequentially
 from retryd.policy.classify import HandlerResult, classify_exception, timeout_result
 
 logger = logging.getLogger(__name__)
@@ -35,6 +35,7 @@ logger = logging.getLogger(__name__)
 ASYNC_CANCEL_GRACE_S = 1.0
 
 _STOP = object()
+_DONE = object()
 # (exception or None, return value)
 _Out = tuple[BaseException | None, Any]
 
@@ -72,6 +73,10 @@ class _SyncWorker:
             message = jobs.get()
             if message is _STOP:
                 return
+            if isinstance(message, _Batch):
+                if not self._run_batch(message):
+                    return
+                continue
             out: _Out
             try:
                 out = (None, func(message))
@@ -83,6 +88,53 @@ class _SyncWorker:
                     return
                 results.put(out)
             del out, message
+
+    def _run_batch(self, batch: _Batch) -> bool:
+        """Run a batch's messages in order; False if this thread was abandoned meanwhile."""
+        func = self._func
+        for index, message in enumerate(batch.messages):
+            if batch.stop or batch.cancel():
+                break
+            started = time.monotonic()
+            batch.current = (index, started)
+            out: tuple[BaseException | None, Any, float]
+            try:
+                value = func(message)
+                out = (None, value, time.monotonic() - started)
+            except BaseException as exc:  # business code may raise anything; the caller sorts it
+                out = (exc, None, time.monotonic() - started)
+            with self._lock:
+                if self._abandoned:
+                    self._owner._late_return(message)
+                    return False
+                batch.results.put(out)
+            del out, message
+        batch.results.put(_DONE)
+        return True
+
+    def start_batch(self, batch: _Batch) -> None:
+        self._jobs.put(batch)
+
+    def wait_batch(self, batch: _Batch, index: int, timeout: float) -> _Out | object | None:
+        """Outcome of message ``index`` of the batch, ``_DONE`` when the batch stopped early,
+        or None if that call overran ``timeout`` (this worker is then abandoned)."""
+        while True:
+            current, started = batch.current
+            remaining = timeout - (time.monotonic() - started) if current == index else timeout
+            try:
+                return batch.results.get(timeout=max(remaining, 0.0))
+            except queue.Empty:
+                current, started = batch.current
+                if current != index or time.monotonic() - started < timeout:
+                    continue  # not started yet when we began waiting: wait its full timeout
+                with self._lock:
+                    try:  # finished between the timeout and taking the lock
+                        return batch.results.get_nowait()
+                    except queue.Empty:
+                        self._abandoned = True
+                        batch.stop = True
+                        self._owner._count_abandoned(+1)
+                        return None
 
     def call(self, message: Message, timeout: float) -> _Out | None:
         """The call's outcome, or None if it timed out (this worker is then abandoned)."""
@@ -100,6 +152,26 @@ class _SyncWorker:
 
     def stop(self) -> None:
         self._jobs.put(_STOP)
+
+
+class _Batch:
+    """Messages handed to one worker thread at once, so a fast handler runs ahead of the
+    caller instead of paying a thread hand-off per message."""
+
+    __slots__ = ("abandoned_at", "cancel", "current", "messages", "results", "stop")
+
+    def __init__(self, messages: Sequence[Message], cancel: Callable[[], bool]) -> None:
+        self.messages = messages
+        self.cancel = cancel
+        self.results: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.current: tuple[int, float] = (-1, 0.0)  # (index, monotonic start) of the running call
+        self.stop = False
+        self.abandoned_at: int | None = None  # index of the call that overran its timeout
+
+
+def _returns(value: Any) -> Callable[[Message], Any]:
+    """A factory handing back an awaitable a sync callable returned."""
+    return lambda _message: value
 
 
 class _AsyncCall:
@@ -252,6 +324,73 @@ class PythonHandler:
             remaining = max(self._timeout_s - (time.monotonic() - start), 0.001)
             return self._call_async(message, lambda _m: value, remaining)
         return HandlerResult.success()
+
+    def call_many(
+        self, messages: Sequence[Message], cancel: Callable[[], bool] = lambda: False
+    ) -> Iterator[tuple[HandlerResult, float]]:
+        """(result, seconds) for ``messages`` in order, each call with its own timeout.
+
+        Sync handlers get the whole batch on their thread (no hand-off per message). ``cancel``
+        is checked before each call starts; once it returns True, results stop after the calls
+        already started, so the caller knows exactly which messages ran.
+        """
+        if self._is_async:
+            yield from call_sequentially(self, messages, cancel)
+            return
+        yield from self._pipelined(messages, cancel)
+
+    def _pipelined(
+        self, messages: Sequence[Message], cancel: Callable[[], bool]
+    ) -> Iterator[tuple[HandlerResult, float]]:
+        start = 0
+        while start < len(messages):
+            try:
+                worker = self._idle.pop()
+            except IndexError:
+                worker = self._new_worker()
+            batch = _Batch(messages[start:], cancel)
+            worker.start_batch(batch)
+            try:
+                yield from self._drain(worker, batch)
+            except GeneratorExit:
+                batch.stop = True  # the caller walked away: stop after the running call
+                self._idle.append(worker)  # its queue is FIFO: a later job waits for that call
+                raise
+            if batch.abandoned_at is None:
+                self._idle.append(worker)
+                return
+            start += batch.abandoned_at + 1  # the rest of the batch runs on a fresh thread
+
+    def _drain(self, worker: _SyncWorker, batch: _Batch) -> Iterator[tuple[HandlerResult, float]]:
+        for index, message in enumerate(batch.messages):
+            out = worker.wait_batch(batch, index, self._timeout_s)
+            if out is _DONE:  # cancelled before this message started
+                return
+            if out is None:
+                logger.warning(
+                    "%s: handler %s did not finish within %gs; abandoning its thread "
+                    "(%d abandoned)",
+                    where(message),
+                    self._name,
+                    self._timeout_s,
+                    self._abandoned,
+                )
+                batch.abandoned_at = index
+                yield timeout_result(self._timeout_s), self._timeout_s
+                return
+            exc, value, seconds = cast(tuple[BaseException | None, Any, float], out)
+            try:
+                if exc is not None:
+                    result = self._failed(message, exc)
+                elif inspect.isawaitable(value):
+                    result = self._call_async(message, _returns(value), self._timeout_s)
+                else:
+                    result = HandlerResult.success()
+            except HandlerShutdown:
+                batch.stop = True
+                raise
+            yield result, seconds
+        worker.wait_batch(batch, len(batch.messages), self._timeout_s)  # its end marker
 
     def close(self) -> None:
         """Stop idle workers and the event loop; abandoned threads die with the process."""

@@ -8,14 +8,13 @@ messages of each partition; auto-commit ships them, and revoke/shutdown commit s
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import cast
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka import Message as KMessage
 
 from retryd.config import Role, Settings
@@ -24,10 +23,11 @@ from retryd.handlers.base import Handler, HandlerShutdown, Message
 from retryd.metrics import registry as m
 from retryd.policy.classify import HandlerResult, Outcome
 from retryd.policy.headers import Envelope, decode_tier_envelope, envelope_for_source
-from retryd.policy.routing import Route, route_failure, route_malformed, target_partition
+from retryd.policy.routing import Route, route_failure, route_malformed
 from retryd.runtime.heartbeat import HeartbeatWriter
 from retryd.worker.clients import consumer_config, producer_config
-from retryd.worker.offsets import OffsetTracker
+from retryd.worker.partition import PartitionState, partition_lags
+from retryd.worker.router import Router
 from retryd.worker.schedule import TP, PauseSchedule
 from retryd.worker.summary import RunSummary
 
@@ -38,20 +38,56 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-@dataclass
-class _Partition:
-    tracker: OffsetTracker = field(default_factory=OffsetTracker)
-    paused: bool = False
-    position: int | None = None  # next offset to consume
-    eof_at: int | None = None  # high watermark reported by the last end-of-partition event
-    known_end: int = 0  # one past the highest offset we know exists (from our own deliveries)
+@dataclass(slots=True)
+class _Work:
+    """One consumed message on its way through the handler (or straight to a route)."""
 
-    def drained(self) -> bool:
-        """At the end of the partition as far as we know, with nothing in progress."""
-        if self.paused or self.tracker.pending or self.eof_at is None:
-            return False
-        position = self.eof_at if self.position is None else self.position
-        return position >= max(self.eof_at, self.known_end)
+    msg: KMessage
+    tp: TP
+    state: PartitionState
+    offset: int
+    headers: list[tuple[str, bytes | None]]
+    env: Envelope | None  # decoded tier envelope; None on a main topic until it is needed
+    route: Route | None  # decided without the handler (malformed headers)
+
+    def envelope(self) -> Envelope:
+        if self.env is None:
+            self.env = envelope_for_source(
+                self.tp[0], self.tp[1], self.offset, self.msg.timestamp()[1]
+            )
+        return self.env
+
+    @property
+    def where(self) -> str:
+        return f"{self.tp[0]}[{self.tp[1]}]@{self.offset}"
+
+    def handler_message(self) -> Message:
+        if self.env is None:  # first delivery from a main topic: it is its own origin
+            return Message(
+                key=self.msg.key(),
+                value=self.msg.value(),
+                headers=self.headers,
+                topic=self.tp[0],
+                partition=self.tp[1],
+                offset=self.offset,
+                timestamp=self.msg.timestamp()[1],
+                original_topic=self.tp[0],
+                original_partition=self.tp[1],
+                original_offset=self.offset,
+            )
+        return Message(
+            key=self.msg.key(),
+            value=self.msg.value(),
+            headers=self.headers,
+            topic=self.tp[0],
+            partition=self.tp[1],
+            offset=self.offset,
+            timestamp=self.msg.timestamp()[1],
+            retry_number=self.env.retry_number,
+            original_topic=self.env.original_topic,
+            original_partition=self.env.original_partition,
+            original_offset=self.env.original_offset,
+        )
 
 
 class Worker:
@@ -76,17 +112,16 @@ class Worker:
         if not self.topics:
             raise KafkaSetupError("nothing to consume: set main_topics (RETRYD_MAIN_TOPICS)")
         self.summary = RunSummary()
-        self._parts: dict[TP, _Partition] = {}
+        self._hot = m.HotPath()
+        self._parts: dict[TP, PartitionState] = {}
         self._schedule = PauseSchedule()
         self._stop = threading.Event()
         self._fatal: BaseException | None = None
-        self._inflight = 0
         self._joined = False
         self._closing = False
         self._idle_since: float | None = None
-        self._partition_counts: dict[str, int] = {}
         self._consumer: Consumer | None = None
-        self._producer: Producer | None = None
+        self._router: Router | None = None
         self._heartbeat: HeartbeatWriter | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -99,10 +134,9 @@ class Worker:
             self.settings.state_dir, self.role.value, self.settings.group_id
         )
         self._heartbeat.beat(0, 0, "starting", force=True)
-        self._producer = Producer(producer_config(self.settings))
         self._consumer = Consumer(consumer_config(self.settings, self.role, self._on_stats))
         try:
-            self._check_topics()
+            self._router = Router(producer_config(self.settings), self._check_topics())
             self._consumer.subscribe(
                 self.topics,
                 on_assign=self._on_assign,
@@ -119,7 +153,8 @@ class Worker:
             raise self._fatal
         return self.summary
 
-    def _check_topics(self) -> None:
+    def _check_topics(self) -> dict[str, int]:
+        """Fail fast, naming missing topics; returns partition counts for routing."""
         assert self._consumer is not None
         try:
             md = self._consumer.list_topics(timeout=10)
@@ -133,12 +168,13 @@ class Worker:
             raise KafkaSetupError(
                 f"missing topics: {', '.join(missing)} (create them with 'retryd topics create')"
             )
-        self._partition_counts = {t: len(md.topics[t].partitions) for t in set(needed)}
+        return {t: len(md.topics[t].partitions) for t in set(needed)}
 
     def _loop(self, until_drained: bool) -> None:
-        assert self._consumer is not None and self._producer is not None
-        consumer, producer = self._consumer, self._producer
+        assert self._consumer is not None and self._router is not None
+        consumer, router = self._consumer, self._router
         poll_s = self.settings.poll_timeout_s
+        budget_s = self.settings.max_poll_interval_ms / 1000 / 3
         while not self._stop.is_set() and self._fatal is None:
             self._resume_due()
             timeout = poll_s
@@ -146,12 +182,13 @@ class Worker:
             if next_due is not None:
                 timeout = max(0.0, min(poll_s, (next_due - _now_ms()) / 1000))
             batch = consumer.consume(self.settings.batch_size, timeout)
-            producer.poll(0)
-            for msg in batch:
-                if self._stop.is_set() or self._fatal is not None:
-                    break
-                self._dispatch(msg)
-            producer.poll(0)
+            router.poll()
+            started = time.monotonic()
+            work = self._prepare(batch)
+            self._handle(work, started + budget_s)
+            router.poll()
+            if work:
+                self.summary.batch_done(started, time.monotonic())
             self._store_offsets()
             self._beat()
             if until_drained and self._drained(bool(batch)):
@@ -159,10 +196,10 @@ class Worker:
                 break
 
     def _shutdown(self) -> None:
-        consumer, producer = self._consumer, self._producer
+        consumer, router = self._consumer, self._router
         try:
-            if producer is not None:
-                remaining = producer.flush(30)
+            if router is not None:
+                remaining = router.flush(30)
                 if remaining:
                     log.error(
                         "%d routed copies undelivered at shutdown; their inputs stay uncommitted",
@@ -183,170 +220,173 @@ class Worker:
                 m.PAUSED_PARTITIONS.labels(topic=topic).set(0)
             self.handler.close()
 
-    # ------------------------------------------------------------------ per message
-    def _dispatch(self, msg: KMessage) -> None:
-        topic, partition = msg.topic(), msg.partition()
-        assert topic is not None and partition is not None
-        tp = (topic, partition)
-        err = msg.error()
-        if err is not None:
-            if err.code() == KafkaError._PARTITION_EOF:
-                state = self._parts.get(tp)
-                if state is not None:
-                    state.eof_at = msg.offset()
-                    if state.position is None:
-                        state.position = msg.offset()
-                return
-            if err.fatal():
-                self._fatal = KafkaSetupError(f"fatal consumer error: {err}")
-            log.error("consumer error on %s[%s]: %s", topic, partition, err)
-            return
-        state = self._parts.get(tp)
-        if state is None or state.paused:
-            return  # revoked, or behind a not-yet-due head: re-fetched after resume
-        offset = msg.offset()
-        assert offset is not None
-        if state.position is not None and offset < state.position:
-            return  # stale prefetch from before a seek
-        state.position = offset + 1
-        headers = cast(list[tuple[str, bytes | None]], list(msg.headers() or []))
+    # ------------------------------------------------------------------ per batch
+    def _prepare(self, batch: list[KMessage]) -> list[_Work]:
+        """Phase 1, no business code: bookkeeping, due checks (pause + seek), malformed routes."""
+        work: list[_Work] = []
         now = _now_ms()
-        if topic in self.tier_delays:
+        for msg in batch:
+            topic, partition, err = msg.topic(), msg.partition(), msg.error()
+            if err is not None:
+                self._consumer_error(err, topic, partition, msg.offset())
+                continue
+            assert topic is not None and partition is not None
+            tp = (topic, partition)
+            state = self._parts.get(tp)
+            if state is None or state.paused:
+                continue  # revoked, or behind a not-yet-due head: re-fetched after resume
+            offset = msg.offset() or 0
+            if state.position is not None and offset < state.position:
+                continue  # stale prefetch from before a seek
+            state.position = offset + 1
+            headers = cast(list[tuple[str, bytes | None]], msg.headers() or [])
+            if topic not in self.tier_delays:
+                work.append(_Work(msg, tp, state, offset, headers, None, None))
+                continue
             try:
                 env = decode_tier_envelope(headers)
             except HeaderError as exc:
                 log.warning(
                     "malformed retryd headers at %s[%d]@%d: %s", topic, partition, offset, exc
                 )
-                state.tracker.begin(offset)
                 route = route_malformed(
                     self.plan, topic, partition, offset, msg.timestamp()[1], headers, str(exc), now
                 )
-                self._produce(tp, offset, route, msg)
-                return
+                work.append(_Work(msg, tp, state, offset, headers, None, route))
+                continue
             due = env.retry_timestamp or 0
             if due > now:
                 self._pause_until(tp, state, offset, due)
-                return
-            m.DUE_LATENESS.labels(topic=topic).observe((now - due) / 1000)
-        else:
-            env = envelope_for_source(topic, partition, offset, msg.timestamp()[1])
-        state.tracker.begin(offset)
-        result = self._call_handler(msg, env, headers)
-        if result is None:
-            return  # shutdown requested by business code: offset stays unfinished
-        if result.outcome is Outcome.SUCCESS or result.outcome is Outcome.DROP:
-            state.tracker.finish(offset)
-            outcome = "success" if result.outcome is Outcome.SUCCESS else "dropped"
-            m.MESSAGES.labels(topic=topic, outcome=outcome).inc()
-            self.summary.count(topic, outcome)
-            return
-        route = route_failure(self.plan, env, headers, result, _now_ms())
-        if not route.is_dead:
-            log.debug(
-                "%s[%d]@%d failed (%s), retry %d via %s",
-                topic,
-                partition,
-                offset,
-                result.error_class,
-                route.retry_number,
-                route.topic,
-            )
-        else:
-            log.info(
-                "%s[%d]@%d dead-lettered (%s): %s",
-                topic,
-                partition,
-                offset,
-                route.dead_reason,
-                result.error_class,
-            )
-        self._produce(tp, offset, route, msg)
+                continue
+            self._hot.lateness_seconds(topic, (now - due) / 1000)
+            work.append(_Work(msg, tp, state, offset, headers, env, None))
+        return work
 
-    def _call_handler(self, msg: KMessage, env: Envelope, headers: list) -> HandlerResult | None:
-        topic = msg.topic() or ""
-        message = Message(
-            key=msg.key(),
-            value=msg.value(),
-            headers=headers,
-            topic=topic,
-            partition=msg.partition() or 0,
-            offset=msg.offset() or 0,
-            timestamp=msg.timestamp()[1],
-            retry_number=env.retry_number,
-            original_topic=env.original_topic,
-            original_partition=env.original_partition,
-            original_offset=env.original_offset,
-        )
-        started = time.perf_counter()
+    def _handle(self, work: list[_Work], deadline: float) -> None:
+        """Phase 2: call the handler in order; stop at the budget, on stop, or on a fatal error,
+        and give the unprocessed rest back to the consumer (seek)."""
+
+        def cancel() -> bool:
+            return self._stop.is_set() or self._fatal is not None or time.monotonic() > deadline
+
+        calls = [w.handler_message() for w in work if w.route is None]
+        results = self.handler.call_many(calls, cancel)
+        done = 0
         try:
-            result = self.handler(message)
-        except HandlerShutdown as exc:
-            log.warning(
-                "handler asked to exit at %s[%d]@%d: %s; stopping without acking it",
-                topic,
-                message.partition,
-                message.offset,
-                exc,
-            )
-            self._stop.set()
-            return None
+            for item in work:
+                if item.route is None:
+                    try:
+                        result, seconds = next(results)
+                    except StopIteration:
+                        break
+                    except HandlerShutdown as exc:
+                        log.warning(
+                            "handler asked to exit at %s: %s; stopping without acking it",
+                            item.where,
+                            exc,
+                        )
+                        self._stop.set()
+                        return
+                    self._hot.handler_seconds(item.tp[0], seconds)
+                    item.state.tracker.begin(item.offset)
+                    self._settle(item, result)
+                else:
+                    item.state.tracker.begin(item.offset)
+                    self._route(item.tp, item.state, item.offset, item.route, item.msg)
+                done += 1
         finally:
-            m.HANDLER_DURATION.labels(topic=topic).observe(time.perf_counter() - started)
+            close = getattr(results, "close", None)
+            if close is not None:
+                close()  # a generator: stops the handler thread after its running call
         if self.handler.abandoned > self.settings.max_abandoned_handlers:
             self._fatal = KafkaSetupError(
                 f"{self.handler.abandoned} handler calls are hung past their timeout "
                 f"(max_abandoned_handlers={self.settings.max_abandoned_handlers}); "
                 "exiting so the process is restarted"
             )
-        return result
+        if done < len(work) and not self._stop.is_set() and self._fatal is None:
+            log.info("batch reached its time budget (a third of max.poll.interval.ms): polling")
+            self._rewind(work[done:])
 
-    def _produce(self, tp: TP, offset: int, route: Route, msg: KMessage) -> None:
-        assert self._producer is not None
-        partition = target_partition(tp[1], self._partition_counts.get(route.topic))
+    def _settle(self, item: _Work, result: HandlerResult) -> None:
+        topic, offset = item.tp[0], item.offset
+        if result.outcome is Outcome.SUCCESS or result.outcome is Outcome.DROP:
+            item.state.tracker.finish(offset)
+            outcome = "success" if result.outcome is Outcome.SUCCESS else "dropped"
+            self._hot.message(topic, outcome)
+            self.summary.count(topic, outcome)
+            return
+        route = route_failure(self.plan, item.envelope(), item.headers, result, _now_ms())
+        if route.is_dead:
+            log.info("%s dead-lettered (%s): %s", item.where, route.dead_reason, result.error_class)
+        else:
+            log.debug(
+                "%s failed (%s), retry %d via %s",
+                item.where,
+                result.error_class,
+                route.retry_number,
+                route.topic,
+            )
+        self._route(item.tp, item.state, offset, route, item.msg)
+
+    def _consumer_error(
+        self, err: KafkaError, topic: str | None, partition: int | None, offset: int | None
+    ) -> None:
+        """End-of-partition bookkeeping; anything else is logged (client errors carry no topic)."""
+        if err.code() == KafkaError._PARTITION_EOF and topic is not None and partition is not None:
+            state = self._parts.get((topic, partition))
+            if state is not None:
+                state.eof_at = offset
+                if state.position is None:
+                    state.position = offset
+            return
+        if err.fatal():
+            self._fatal = KafkaSetupError(f"fatal consumer error: {err}")
+        where = f"{topic}[{partition}]" if topic is not None else "consumer"
+        log.error("%s error: %s", where, err)
+
+    def _route(
+        self, tp: TP, state: PartitionState, offset: int, route: Route, msg: KMessage
+    ) -> None:
+        assert self._router is not None
         source_topic = tp[0]
 
-        def delivered(err: KafkaError | None, out: KMessage) -> None:
-            self._inflight -= 1
-            if err is not None:
-                self._fatal = DeliveryError(
-                    f"routed copy of {source_topic}[{tp[1]}]@{offset} "
-                    f"to {route.topic} failed: {err}"
-                )
-                log.error("%s", self._fatal)
-                return
-            state = self._parts.get(tp)
-            if state is not None:
-                state.tracker.finish(offset)
-            target = self._parts.get((route.topic, out.partition() or 0))
+        def acked(partition: int, out_offset: int) -> None:
+            state.tracker.finish(offset)  # the state captured at send time, even if since revoked
+            target = self._parts.get((route.topic, partition))
             if target is not None:
-                target.known_end = max(target.known_end, (out.offset() or 0) + 1)
+                target.known_end = max(target.known_end, out_offset + 1)
             outcome = "dead" if route.is_dead else "retried"
-            m.MESSAGES.labels(topic=source_topic, outcome=outcome).inc()
+            self._hot.message(source_topic, outcome)
             self.summary.count(source_topic, outcome)
             if route.dead_reason:
                 m.DEAD_LETTERS.labels(reason=route.dead_reason).inc()
                 self.summary.dead_reasons[route.dead_reason] += 1
 
-        kwargs: dict = {
-            "key": msg.key(),
-            "value": msg.value(),
-            "headers": route.headers,
-            "timestamp": route.timestamp_ms,
-            "on_delivery": delivered,
-        }
-        if partition is not None:
-            kwargs["partition"] = partition
-        while True:
-            try:
-                self._producer.produce(route.topic, **kwargs)
-                break
-            except BufferError:
-                self._producer.poll(0.05)  # local queue full: serve delivery reports to make room
-        self._inflight += 1
+        def failed(err: KafkaError) -> None:
+            self._fatal = DeliveryError(
+                f"routed copy of {source_topic}[{tp[1]}]@{offset} to {route.topic} failed: {err}"
+            )
+            log.error("%s", self._fatal)
+
+        self._router.send(route, msg.key(), msg.value(), tp[1], acked, failed)
+
+    def _rewind(self, rest: list[_Work]) -> None:
+        """Seek each partition back to its first unprocessed message (paused ones included)."""
+        assert self._consumer is not None
+        first: dict[TP, int] = {}
+        for item in rest:
+            first.setdefault(item.tp, item.offset)
+        for tp, offset in first.items():
+            state = self._parts.get(tp)
+            if state is None:
+                continue
+            self._store_offsets(only=tp)  # store before seeking the same partition
+            self._consumer.seek(TopicPartition(tp[0], tp[1], offset))
+            state.position = offset
 
     # ------------------------------------------------------------------ waiting
-    def _pause_until(self, tp: TP, state: _Partition, offset: int, due_ms: int) -> None:
+    def _pause_until(self, tp: TP, state: PartitionState, offset: int, due_ms: int) -> None:
         assert self._consumer is not None
         self._store_offsets(only=tp)  # store before seeking the same partition
         part = TopicPartition(tp[0], tp[1], offset)
@@ -415,7 +455,7 @@ class Worker:
         m.REBALANCES.labels(kind="assign").inc()
         self.summary.rebalances["assign"] += 1
         for p in partitions:
-            self._parts[(p.topic, p.partition)] = _Partition()
+            self._parts[(p.topic, p.partition)] = PartitionState()
             self._schedule.drop((p.topic, p.partition))
         consumer.incremental_assign(partitions)
         if partitions:
@@ -427,8 +467,8 @@ class Worker:
         if not self._closing:  # the revoke of a clean close is not a rebalance
             m.REBALANCES.labels(kind="revoke").inc()
             self.summary.rebalances["revoke"] += 1
-        if self._producer is not None and self._inflight:
-            remaining = self._producer.flush(30)
+        if self._router is not None:
+            remaining = self._router.flush(30)
             if remaining:
                 log.error(
                     "revoke: %d routed copies undelivered; their inputs stay uncommitted", remaining
@@ -465,17 +505,9 @@ class Worker:
 
     # ------------------------------------------------------------------ observability
     def _on_stats(self, raw: str) -> None:
-        try:
-            stats = json.loads(raw)
-        except ValueError:
-            return
-        for topic, tdata in stats.get("topics", {}).items():
-            for pid, pdata in tdata.get("partitions", {}).items():
-                if pid == "-1" or (topic, int(pid)) not in self._parts:
-                    continue
-                lag = pdata.get("consumer_lag", -1)
-                if lag >= 0:
-                    m.CONSUMER_LAG.labels(topic=topic, partition=pid).set(lag)
+        for (topic, partition), lag in partition_lags(raw).items():
+            if (topic, partition) in self._parts:
+                m.CONSUMER_LAG.labels(topic=topic, partition=str(partition)).set(lag)
 
     def _beat(self) -> None:
         if self._heartbeat is not None:
@@ -485,7 +517,7 @@ class Worker:
         """Nothing left to do right now on the partitions this process owns."""
         return (
             self._joined
-            and not self._inflight
+            and not (self._router and self._router.inflight)
             and not len(self._schedule)
             and all(state.drained() for state in self._parts.values())
         )

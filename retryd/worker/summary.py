@@ -11,6 +11,20 @@ class RunSummary:
     outcomes: Counter[tuple[str, str]] = field(default_factory=Counter)  # (topic, outcome)
     dead_reasons: Counter[str] = field(default_factory=Counter)
     rebalances: Counter[str] = field(default_factory=Counter)
+    first_message_at: float | None = None  # monotonic: first batch with messages
+    last_message_at: float | None = None  # monotonic: end of the last batch with messages
+
+    def batch_done(self, started: float, ended: float) -> None:
+        if self.first_message_at is None:
+            self.first_message_at = started
+        self.last_message_at = ended
+
+    @property
+    def busy_seconds(self) -> float:
+        """From the first consumed message to the last one handled (excludes group join)."""
+        if self.first_message_at is None or self.last_message_at is None:
+            return 0.0
+        return self.last_message_at - self.first_message_at
 
     def count(self, topic: str, outcome: str) -> None:
         self.outcomes[(topic, outcome)] += 1

@@ -36,7 +36,7 @@ def _total_partitions(settings: Settings, role: Role) -> int:
 def supervise(
     settings: Settings, role: Role, processes: int, *, until_drained: bool = False
 ) -> int:
-    """Run ``processes`` children; with ``until_drained``, stop them all once the group is drained."""
+    """Run ``processes`` children; ``until_drained`` stops them all once the group is drained."""
     ctx = multiprocessing.get_context("spawn")
     watch = (
         DrainWatch(settings.state_dir, _total_partitions(settings, role)) if until_drained else None

@@ -90,3 +90,19 @@ def test_tier_wait_of_three_poll_intervals_keeps_membership(bootstrap: str, tmp_
     assert calls[1]["called_ms"] >= calls[1]["retry_timestamp"]
     assert calls[1]["retry_timestamp"] - calls[0]["called_ms"] >= 18_000
     assert summary.rebalances == {"assign": 1}, summary.rebalances
+
+
+def test_slow_batch_goes_back_to_polling_before_max_poll_interval(
+    bootstrap: str, tmp_path: Path
+) -> None:
+    # 24 messages x 0.5 s = 12 s in one batch, twice max.poll.interval.ms: the worker must
+    # interleave consume() calls (seeking back to the unprocessed rest), not leave the group.
+    dep = deployment(bootstrap, tmp_path, sequence="1s", max_poll_interval_ms=6000)
+    dep.send([{"id": f"s{i}", "mode": "slow", "seconds": 0.5} for i in range(24)])
+
+    summary = dep.run()
+
+    for i in range(24):
+        assert [c["retry_number"] for c in calls_for(f"s{i}")] == [0], f"s{i}"
+    assert summary.rebalances == {"assign": 1}, summary.rebalances
+    assert summary.total("success") == 24
