@@ -102,7 +102,7 @@ def deployment(
         tier_template="{group}.retry_{delay}",
         failed_topic=f"{group}.failed",
         group_id=group,
-        handler=HANDLER,
+        handler=overrides.pop("handler", HANDLER),
         handler_timeout_s=overrides.pop("handler_timeout_s", 2.0),
         session_timeout_ms=TEST_SESSION_TIMEOUT_MS,
         max_poll_interval_ms=overrides.pop("max_poll_interval_ms", 30_000),

@@ -1,0 +1,89 @@
+"""Sidecar mode end to end: the worker calls a real HTTP endpoint and routes by its answer."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from retryd.policy import headers as h
+from tests.integration.worker_support import deployment
+from tests.support import produce, read_topic
+
+
+class _Business(BaseHTTPRequestHandler):
+    seen: list[tuple[str, str, str]] = []  # (body, retry number header, original topic header)
+
+    def do_POST(self) -> None:  # noqa: N802
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0))).decode()
+        retry = self.headers.get("X-Retryd-Retry-Number", "")
+        self.seen.append((body, retry, self.headers.get("X-Retryd-Original-Topic", "")))
+        status, payload = 200, b""
+        if body == "fail-once" and retry == "0":
+            status = 503
+        elif body == "missing":
+            status, payload = 404, b"no such order"
+        elif body == "json-dead":
+            payload = json.dumps({"status": "DEAD"}).encode()
+        elif body == "drop":
+            payload = json.dumps({"status": "DROP"}).encode()
+        self.send_response(status)
+        self.send_header(
+            "Content-Type", "application/json" if payload.startswith(b"{") else "text/plain"
+        )
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def business() -> Iterator[str]:
+    _Business.seen = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Business)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/handle"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+def test_worker_routes_by_http_answers(bootstrap: str, tmp_path: Path, business: str) -> None:
+    dep = deployment(bootstrap, tmp_path, sequence="1s", handler=business)
+    produce(
+        bootstrap,
+        dep.main,
+        [(k.encode(), k.encode()) for k in ("ok", "fail-once", "missing", "json-dead", "drop")],
+    )
+
+    summary = dep.run()
+
+    calls = [(body, retry) for body, retry, _ in _Business.seen]
+    assert sorted(calls) == sorted(
+        [
+            ("ok", "0"),
+            ("fail-once", "0"),
+            ("fail-once", "1"),
+            ("missing", "0"),
+            ("json-dead", "0"),
+            ("drop", "0"),
+        ]
+    )
+    assert {orig for _, _, orig in _Business.seen} == {dep.main}
+    dead = {r.key: r for r in read_topic(bootstrap, dep.failed, expect=2)}
+    assert set(dead) == {b"missing", b"json-dead"}
+    assert dead[b"missing"].header(h.ERROR_CLASS) == b"http_404"
+    assert dead[b"missing"].header(h.ERROR_MESSAGE) == b"no such order"
+    assert dead[b"json-dead"].header(h.DEAD_REASON) == b"non_retryable"
+    hop = read_topic(bootstrap, dep.tier("1s"), expect=1)
+    assert hop[0].key == b"fail-once" and hop[0].header(h.ERROR_CLASS) == b"http_503"
+    assert summary.total("dropped") == 1 and summary.total("success") == 2
