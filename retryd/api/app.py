@@ -47,6 +47,8 @@ def create_app(settings: Settings, sidecar: Sidecar | None = None) -> FastAPI:
     errors.install(app)
     app.include_router(routes_health.router)
     app.include_router(routes_v1.router)
+    # The leaf routes (full paths), for the Allow header of 405 answers.
+    app.state.api_routes = [*routes_health.router.routes, *routes_v1.router.routes]
 
     @app.middleware("http")
     async def count_requests(

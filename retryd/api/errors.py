@@ -9,6 +9,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from retryd.api.schemas import ErrorBody
 from retryd.replay.errors import (
@@ -69,6 +70,15 @@ def describe_validation(exc: RequestValidationError) -> list[str]:
     return lines
 
 
+def allowed_methods(request: Request) -> list[str]:
+    methods: set[str] = set()
+    for route in getattr(request.app.state, "api_routes", ()):
+        match, _ = route.matches(request.scope)
+        if match is not Match.NONE:
+            methods |= set(getattr(route, "methods", None) or ())
+    return sorted(methods)
+
+
 def install(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -77,8 +87,15 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        headers = dict(exc.headers or {})
+        if exc.status_code == 400 and "parsing the body" in str(exc.detail):
+            detail = "the request body is not valid JSON (UTF-8)"
+            return error_json(422, "invalid_request", detail, [f"body: {detail}"])
+        if exc.status_code == 405:
+            # Starlette names only the first route's methods; list every route on this path.
+            headers["Allow"] = ", ".join(allowed_methods(request))
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "error")
-        return error_json(exc.status_code, code, str(exc.detail), headers=dict(exc.headers or {}))
+        return error_json(exc.status_code, code, str(exc.detail), headers=headers)
 
     @app.exception_handler(ReplayError)
     async def _replay(request: Request, exc: ReplayError) -> JSONResponse:

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Body, Path, Query, Request, Security
 
 from retryd.api.auth import bearer_scheme
 from retryd.api.schemas import (
+    BASE64_PATTERN,
     MAX_MS,
     MAX_OFFSET,
     MAX_PARTITION,
@@ -64,14 +65,16 @@ def _ledger_out(entry: LedgerEntry | None) -> LedgerEntryOut | None:
 
 
 def to_filter(f: FilterIn) -> RecordFilter:
+    key, contradictory = key_from(f.key, f.key_base64)
     return RecordFilter(
         original_topic=f.original_topic,
         error_class=f.error_class,
         dead_reason=f.dead_reason,
         since_ms=f.since_ms,
         until_ms=f.until_ms,
-        key=key_from(f.key, f.key_base64),
+        key=key,
         partition=f.partition,
+        nothing=contradictory,
     )
 
 
@@ -93,7 +96,7 @@ def list_failed(
         int | None, Query(ge=0, le=MAX_MS, description="epoch ms, exclusive")
     ] = None,
     key: Annotated[str | None, Query(max_length=65536, description="exact key (UTF-8)")] = None,
-    key_base64: Annotated[str | None, Query(max_length=87384)] = None,
+    key_base64: Annotated[str | None, Query(max_length=87384, pattern=BASE64_PATTERN)] = None,
     partition: Annotated[int | None, Query(ge=0, le=MAX_PARTITION)] = None,
     cursor: Annotated[str | None, Query(max_length=65536, description="next_cursor")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,

@@ -11,6 +11,7 @@ DeadReason = Literal["exhausted", "non_retryable", "malformed"]
 MAX_OFFSET = 2**63 - 1
 MAX_PARTITION = 2**31 - 1
 MAX_MS = 2**53
+BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
 
 
 class ErrorBody(BaseModel):
@@ -99,7 +100,9 @@ class FilterIn(BaseModel):
     since_ms: int | None = Field(default=None, ge=0, le=MAX_MS, description="epoch ms, inclusive")
     until_ms: int | None = Field(default=None, ge=0, le=MAX_MS, description="epoch ms, exclusive")
     key: str | None = Field(default=None, max_length=65536, description="exact key, as UTF-8")
-    key_base64: str | None = Field(default=None, max_length=87384, description="exact key")
+    key_base64: str | None = Field(
+        default=None, max_length=87384, pattern=BASE64_PATTERN, description="exact key, base64"
+    )
     partition: int | None = Field(default=None, ge=0, le=MAX_PARTITION)
 
 

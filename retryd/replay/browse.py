@@ -55,8 +55,8 @@ def browse(
                 )
             start.update(given)
         if flt.partition is not None:
-            if flt.partition not in start:
-                raise InvalidRequest(f"{pool.topic} has no partition {flt.partition}")
+            if flt.partition not in start:  # no such partition: nothing can match
+                return Page([], encode_cursor(start), False, 0)
             start = {flt.partition: start[flt.partition]}
         items: list[FailedRecord] = []
         scanned = 0

@@ -81,8 +81,11 @@ class RecordFilter:
     until_ms: int | None = None
     key: bytes | None = None
     partition: int | None = None
+    nothing: bool = False  # contradictory filters (two different keys): matches no record
 
     def matches(self, rec: FailedRecord) -> bool:
+        if self.nothing:
+            return False
         if self.partition is not None and rec.partition != self.partition:
             return False
         if self.since_ms is not None and rec.timestamp < self.since_ms:
@@ -111,16 +114,20 @@ class RecordFilter:
         return out
 
 
-def key_from(text: str | None, b64: str | None) -> bytes | None:
-    """A key filter from text (UTF-8) or base64; both given is a caller error."""
-    if text is not None and b64 is not None:
-        raise InvalidRequest("give either key or key_base64, not both")
+def key_from(text: str | None, b64: str | None) -> tuple[bytes | None, bool]:
+    """A key filter from text (UTF-8) and/or base64: ``(key, contradictory)``. Both given
+    must name the same bytes, else the filter matches nothing (it is not an error)."""
+    keys: list[bytes] = []
     if b64 is not None:
         try:
-            return base64.b64decode(b64, validate=True)
+            keys.append(base64.b64decode(b64, validate=True))
         except (binascii.Error, ValueError) as exc:
             raise InvalidRequest("key_base64 is not valid base64") from exc
-    return text.encode("utf-8", errors="surrogatepass") if text is not None else None
+    if text is not None:
+        keys.append(text.encode("utf-8", errors="surrogatepass"))
+    if not keys:
+        return None, False
+    return keys[0], len(set(keys)) > 1
 
 
 def render_bytes(data: bytes | None, limit: int) -> dict[str, Any]:

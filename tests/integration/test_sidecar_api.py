@@ -20,6 +20,7 @@ from tests.integration.sidecar_support import (
 from tests.support import read_topic
 
 N = 24
+JSON = {"content-type": "application/json"}
 BINARY = b"\xff\xfe\x00binary"
 
 
@@ -138,6 +139,8 @@ def test_browse_pages_and_filters(sidecar: SidecarProcess, deployment: Env) -> N
         assert count(dead_reason="non_retryable") == 6
         assert count(dead_reason="malformed") == 1
         assert count(key="k7") == 1
+        assert count(key="k7", key_base64=base64.b64encode(b"k7").decode()) == 1
+        assert count(key="k7", key_base64=base64.b64encode(b"k8").decode()) == 0
         assert count(key_base64=base64.b64encode(b"k8").decode()) == 1
         assert count(partition=1) == 12
         assert count(since_ms=0) == N + 1
@@ -212,8 +215,15 @@ def test_invalid_requests_get_readable_4xx(sidecar: SidecarProcess) -> None:
             ("GET", "/v1/failed", {"params": {"dead_reason": "bored"}}, 422, "dead_reason"),
             ("GET", "/v1/failed", {"params": {"cursor": "!!!"}}, 400, "cursor"),
             ("GET", "/v1/failed", {"params": {"cursor": "eyI5IjowfQ"}}, 400, "partition 9"),
-            ("GET", "/v1/failed", {"params": {"key": "a", "key_base64": "YQ=="}}, 400, "either"),
-            ("GET", "/v1/failed", {"params": {"key_base64": "@@"}}, 400, "base64"),
+            ("GET", "/v1/failed", {"params": {"key_base64": "@@"}}, 422, "key_base64"),
+            (
+                "POST",
+                "/v1/replays",
+                {"content": b"r\xff", "headers": {"content-type": "application/json"}},
+                422,
+                "not valid JSON",
+            ),
+            ("PUT", "/v1/replays", {}, 405, "not allowed"),
             ("GET", "/v1/failed/-1/0", {}, 422, "partition"),
             ("GET", f"/v1/failed/0/{2**63}", {}, 422, "offset"),
             ("POST", "/v1/replays", {"json": {"bogus": 1}}, 422, "bogus"),
@@ -236,4 +246,6 @@ def test_invalid_requests_get_readable_4xx(sidecar: SidecarProcess) -> None:
             assert r.status_code == status, (method, path, kwargs, pretty(r.json()))
             body = r.json()
             assert set(body) == {"error", "detail", "problems"}
+            if status == 405:
+                assert r.headers["allow"] == "GET, POST"
             assert words.lower() in (body["detail"] + " ".join(body["problems"])).lower(), body

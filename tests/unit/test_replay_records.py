@@ -113,11 +113,12 @@ def test_bad_cursors_are_rejected_readably(bad: str) -> None:
 
 
 def test_key_from_text_or_base64() -> None:
-    assert key_from("abc", None) == b"abc"
-    assert key_from(None, base64.b64encode(b"\x00\x01").decode()) == b"\x00\x01"
-    assert key_from(None, None) is None
-    with pytest.raises(InvalidRequest, match="either"):
-        key_from("a", "YQ==")
+    assert key_from("abc", None) == (b"abc", False)
+    assert key_from(None, base64.b64encode(b"\x00\x01").decode()) == (b"\x00\x01", False)
+    assert key_from(None, None) == (None, False)
+    assert key_from("a", "YQ==") == (b"a", False)
+    assert key_from("b", "YQ==") == (b"a", True)  # contradictory: matches nothing
+    assert not RecordFilter(key=b"k", nothing=True).matches(_rec())
     with pytest.raises(InvalidRequest, match="base64"):
         key_from(None, "@@@")
 
