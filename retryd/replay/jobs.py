@@ -251,11 +251,19 @@ class ReplayJob:
             producer.poll(seconds)
             self.ledger.poll(0)
 
+        unprocessed: FailedRecord | None = None  # read but not handled when the job stopped
         for msg in scanner.scan(start, stop, timeout_s=10**9, idle_timeout_s=self.timeout_s):
             rec = to_record(msg)
+            if self._cancel.is_set():
+                unprocessed, outcome = rec, ("cancelled", "cancelled")
+                break
             if not spec.filter.matches(rec):
                 self._position(scanner)
                 continue
+            if spec.max_messages is not None and self._done_or_inflight() >= spec.max_messages:
+                unprocessed = rec
+                outcome = ("completed", f"max_messages={spec.max_messages} reached")
+                break
             if time.monotonic() - last_refresh > LEDGER_REFRESH_S:
                 self.ledger.refresh()  # another process may have replayed some meanwhile
                 last_refresh = time.monotonic()
@@ -271,25 +279,18 @@ class ReplayJob:
                 self._position(scanner)
                 continue
             assert target is not None
-            if spec.max_messages is not None and self._done_or_inflight() >= spec.max_messages:
-                self.ledger.release(rec.coord)
-                outcome = ("completed", f"max_messages={spec.max_messages} reached")
-                break
             if not bucket.take(self._cancel, idle):
                 self.ledger.release(rec.coord)
-                outcome = ("cancelled", "cancelled")
+                unprocessed, outcome = rec, ("cancelled", "cancelled")
                 break
             self._send(producer, rec, target, counter)
             self._position(scanner)
             self._sample()
-            if self._cancel.is_set():
-                outcome = ("cancelled", "cancelled")
-                break
-        else:
-            if self._cancel.is_set():
-                outcome = ("cancelled", "cancelled")
         self._drain(producer)
         self._position(scanner)
+        if unprocessed is not None:
+            with self._lock:  # the scanner had moved past it: report it as not done
+                self.progress.position[unprocessed.partition] = unprocessed.offset
         self._finish(*outcome)
 
     def _send(self, producer: Producer, rec: FailedRecord, target: str, counter: Any) -> None:

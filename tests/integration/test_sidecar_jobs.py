@@ -138,6 +138,16 @@ def test_cancel_stops_and_reports_where(sidecar: SidecarProcess, deployment: Env
         assert job_id in [j["id"] for j in listed]
     copies = read_topic(deployment.bootstrap, deployment.other)
     assert len(copies) == job["replayed"]
+    # Exactly the matching records before the reported position were replayed.
+    position = {int(p): o for p, o in job["position"].items()}
+    failed = read_topic(deployment.bootstrap, deployment.failed)
+    before = {
+        f"{r.topic}/{r.partition}/{r.offset}".encode()
+        for r in failed
+        if r.header("retryd_original_topic") == deployment.other.encode()
+        and r.offset < position[r.partition]
+    }
+    assert {c.header("retryd_replayed_from") for c in copies} == before
 
 
 def test_max_messages(sidecar: SidecarProcess, deployment: Env, tmp_path: Path) -> None:
