@@ -164,9 +164,8 @@ def main() -> None:
         child(args)
         return
 
-    from tests.support import create_topics
-
     from retryd.kafka.embedded import EmbeddedBroker
+    from tests.support import create_topics
 
     broker = None
     bootstrap = os.environ.get("RETRYD_TEST_BOOTSTRAP")

@@ -25,10 +25,11 @@ from retryd.policy.classify import HandlerResult, Outcome
 from retryd.policy.headers import Envelope, decode_tier_envelope, envelope_for_source
 from retryd.policy.routing import Route, route_failure, route_malformed
 from retryd.runtime.heartbeat import HeartbeatWriter
+from retryd.worker.book import PartitionBook
 from retryd.worker.clients import consumer_config, producer_config
 from retryd.worker.partition import PartitionState, partition_lags
 from retryd.worker.router import Router
-from retryd.worker.schedule import TP, PauseSchedule
+from retryd.worker.schedule import TP
 from retryd.worker.summary import RunSummary
 
 log = logging.getLogger(__name__)
@@ -113,14 +114,13 @@ class Worker:
             raise KafkaSetupError("nothing to consume: set main_topics (RETRYD_MAIN_TOPICS)")
         self.summary = RunSummary()
         self._hot = m.HotPath()
-        self._parts: dict[TP, PartitionState] = {}
-        self._schedule = PauseSchedule()
         self._stop = threading.Event()
         self._fatal: BaseException | None = None
         self._joined = False
         self._closing = False
         self._idle_since: float | None = None
-        self._consumer: Consumer | None = None
+        self._consumer = Consumer(consumer_config(settings, self.role, self._on_stats))
+        self._book = PartitionBook(self._consumer, self.tier_delays)
         self._router: Router | None = None
         self._heartbeat: HeartbeatWriter | None = None
 
@@ -134,7 +134,6 @@ class Worker:
             self.settings.state_dir, self.role.value, self.settings.group_id
         )
         self._heartbeat.beat(0, 0, "starting", force=True)
-        self._consumer = Consumer(consumer_config(self.settings, self.role, self._on_stats))
         try:
             self._router = Router(producer_config(self.settings), self._check_topics())
             self._consumer.subscribe(
@@ -155,7 +154,6 @@ class Worker:
 
     def _check_topics(self) -> dict[str, int]:
         """Fail fast, naming missing topics; returns partition counts for routing."""
-        assert self._consumer is not None
         try:
             md = self._consumer.list_topics(timeout=10)
         except KafkaException as exc:
@@ -171,14 +169,14 @@ class Worker:
         return {t: len(md.topics[t].partitions) for t in set(needed)}
 
     def _loop(self, until_drained: bool) -> None:
-        assert self._consumer is not None and self._router is not None
-        consumer, router = self._consumer, self._router
+        assert self._router is not None
+        consumer, router, book = self._consumer, self._router, self._book
         poll_s = self.settings.poll_timeout_s
         budget_s = self.settings.max_poll_interval_ms / 1000 / 3
         while not self._stop.is_set() and self._fatal is None:
-            self._resume_due()
+            book.resume_due(_now_ms())
             timeout = poll_s
-            next_due = self._schedule.next_due_ms()
+            next_due = book.schedule.next_due_ms()
             if next_due is not None:
                 timeout = max(0.0, min(poll_s, (next_due - _now_ms()) / 1000))
             batch = consumer.consume(self.settings.batch_size, timeout)
@@ -189,14 +187,14 @@ class Worker:
             router.poll()
             if work:
                 self.summary.batch_done(started, time.monotonic())
-            self._store_offsets()
+            book.store()
             self._beat()
             if until_drained and self._drained(bool(batch)):
                 log.info("drained: every assigned partition is at its end, nothing in flight")
                 break
 
     def _shutdown(self) -> None:
-        consumer, router = self._consumer, self._router
+        router = self._router
         try:
             if router is not None:
                 remaining = router.flush(30)
@@ -205,19 +203,16 @@ class Worker:
                         "%d routed copies undelivered at shutdown; their inputs stay uncommitted",
                         remaining,
                     )
-            if consumer is not None:
-                self._store_offsets()
-                self._commit_sync(None)
-                self._closing = True
-                consumer.close()
-        except KafkaException as exc:
+            self._book.store()
+            self._book.commit_sync()
+            self._closing = True
+            self._consumer.close()
+        except (KafkaException, RuntimeError) as exc:
             log.error("error while closing the consumer: %s", exc)
         finally:
-            self._consumer = None
             if self._heartbeat is not None:
                 self._heartbeat.remove()
-            for topic in self._schedule.topics():
-                m.PAUSED_PARTITIONS.labels(topic=topic).set(0)
+            self._book.clear_paused_gauge()
             self.handler.close()
 
     # ------------------------------------------------------------------ per batch
@@ -232,7 +227,7 @@ class Worker:
                 continue
             assert topic is not None and partition is not None
             tp = (topic, partition)
-            state = self._parts.get(tp)
+            state = self._book.parts.get(tp)
             if state is None or state.paused:
                 continue  # revoked, or behind a not-yet-due head: re-fetched after resume
             offset = msg.offset() or 0
@@ -256,7 +251,7 @@ class Worker:
                 continue
             due = env.retry_timestamp or 0
             if due > now:
-                self._pause_until(tp, state, offset, due)
+                self._book.pause_until(tp, state, offset, due)
                 continue
             self._hot.lateness_seconds(topic, (now - due) / 1000)
             work.append(_Work(msg, tp, state, offset, headers, env, None))
@@ -306,7 +301,10 @@ class Worker:
             )
         if done < len(work) and not self._stop.is_set() and self._fatal is None:
             log.info("batch reached its time budget (a third of max.poll.interval.ms): polling")
-            self._rewind(work[done:])
+            first: dict[TP, int] = {}
+            for item in work[done:]:
+                first.setdefault(item.tp, item.offset)
+            self._book.rewind(first)
 
     def _settle(self, item: _Work, result: HandlerResult) -> None:
         topic, offset = item.tp[0], item.offset
@@ -334,7 +332,7 @@ class Worker:
     ) -> None:
         """End-of-partition bookkeeping; anything else is logged (client errors carry no topic)."""
         if err.code() == KafkaError._PARTITION_EOF and topic is not None and partition is not None:
-            state = self._parts.get((topic, partition))
+            state = self._book.parts.get((topic, partition))
             if state is not None:
                 state.eof_at = offset
                 if state.position is None:
@@ -353,7 +351,7 @@ class Worker:
 
         def acked(partition: int, out_offset: int) -> None:
             state.tracker.finish(offset)  # the state captured at send time, even if since revoked
-            target = self._parts.get((route.topic, partition))
+            target = self._book.parts.get((route.topic, partition))
             if target is not None:
                 target.known_end = max(target.known_end, out_offset + 1)
             outcome = "dead" if route.is_dead else "retried"
@@ -371,96 +369,12 @@ class Worker:
 
         self._router.send(route, msg.key(), msg.value(), tp[1], acked, failed)
 
-    def _rewind(self, rest: list[_Work]) -> None:
-        """Seek each partition back to its first unprocessed message (paused ones included)."""
-        assert self._consumer is not None
-        first: dict[TP, int] = {}
-        for item in rest:
-            first.setdefault(item.tp, item.offset)
-        for tp, offset in first.items():
-            state = self._parts.get(tp)
-            if state is None:
-                continue
-            self._store_offsets(only=tp)  # store before seeking the same partition
-            self._consumer.seek(TopicPartition(tp[0], tp[1], offset))
-            state.position = offset
-
-    # ------------------------------------------------------------------ waiting
-    def _pause_until(self, tp: TP, state: PartitionState, offset: int, due_ms: int) -> None:
-        assert self._consumer is not None
-        self._store_offsets(only=tp)  # store before seeking the same partition
-        part = TopicPartition(tp[0], tp[1], offset)
-        self._consumer.pause([part])
-        self._consumer.seek(part)
-        state.paused = True
-        state.position = offset
-        self._schedule.add(tp, offset, due_ms)
-        self._update_paused_gauge()
-
-    def _resume_due(self) -> None:
-        if not len(self._schedule):
-            return
-        waits = self._schedule.pop_due(_now_ms())
-        if not waits:
-            return
-        assert self._consumer is not None
-        parts = []
-        for wait in waits:
-            state = self._parts.get(wait.tp)
-            if state is not None and state.paused:
-                state.paused = False
-                parts.append(TopicPartition(wait.tp[0], wait.tp[1]))
-        if parts:
-            self._consumer.resume(parts)
-        self._update_paused_gauge()
-
-    def _update_paused_gauge(self) -> None:
-        counts = self._schedule.topics()
-        for topic in self.tier_delays:
-            m.PAUSED_PARTITIONS.labels(topic=topic).set(counts.get(topic, 0))
-
-    # ------------------------------------------------------------------ offsets
-    def _store_offsets(self, only: TP | None = None) -> None:
-        if self._consumer is None:
-            return
-        items = [(only, self._parts[only])] if only in self._parts else self._parts.items()
-        offsets = []
-        for tp, state in items:
-            if tp is None:
-                continue
-            nxt = state.tracker.take_store()
-            if nxt is not None:
-                offsets.append(TopicPartition(tp[0], tp[1], nxt))
-        if offsets:
-            try:
-                self._consumer.store_offsets(offsets=offsets)
-            except KafkaException as exc:
-                log.warning("storing offsets failed (partition no longer assigned?): %s", exc)
-
-    def _commit_sync(self, parts: list[TopicPartition] | None) -> None:
-        assert self._consumer is not None
-        try:
-            if parts is None:
-                self._consumer.commit(asynchronous=False)
-            else:
-                self._consumer.commit(offsets=parts, asynchronous=False)
-        except KafkaException as exc:
-            if exc.args and exc.args[0].code() == KafkaError._NO_OFFSET:
-                return  # nothing new to commit
-            log.warning("synchronous commit failed: %s", exc)
-
     # ------------------------------------------------------------------ rebalance
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self._joined = True
         m.REBALANCES.labels(kind="assign").inc()
         self.summary.rebalances["assign"] += 1
-        for p in partitions:
-            self._parts[(p.topic, p.partition)] = PartitionState()
-            self._schedule.drop((p.topic, p.partition))
-        consumer.incremental_assign(partitions)
-        if partitions:
-            # Pauses survive a revoke/re-assign inside librdkafka: start from a known state.
-            consumer.resume(partitions)
+        self._book.assign(partitions)
         log.info("assigned %s", _fmt(partitions))
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -473,18 +387,8 @@ class Worker:
                 log.error(
                     "revoke: %d routed copies undelivered; their inputs stay uncommitted", remaining
                 )
-        to_commit = []
-        for p in partitions:
-            state = self._parts.get((p.topic, p.partition))
-            if state is not None and state.tracker.committable is not None:
-                to_commit.append(TopicPartition(p.topic, p.partition, state.tracker.committable))
-        if to_commit:
-            try:
-                consumer.store_offsets(offsets=to_commit)
-            except KafkaException as exc:
-                log.warning("revoke: storing offsets failed: %s", exc)
-            self._commit_sync(to_commit)
-        self._forget(partitions)
+        self._book.commit_revoked(partitions)
+        self._book.forget(partitions)
         log.info("revoked %s", _fmt(partitions))
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -493,34 +397,23 @@ class Worker:
         log.warning(
             "lost %s (session timed out); their uncommitted work will be redone", _fmt(partitions)
         )
-        self._forget(partitions)
-
-    def _forget(self, partitions: list[TopicPartition]) -> None:
-        for p in partitions:
-            tp = (p.topic, p.partition)
-            self._parts.pop(tp, None)
-            self._schedule.drop(tp)
-            m.CONSUMER_LAG.labels(topic=p.topic, partition=str(p.partition)).set(0)
-        self._update_paused_gauge()
+        self._book.forget(partitions)
 
     # ------------------------------------------------------------------ observability
     def _on_stats(self, raw: str) -> None:
         for (topic, partition), lag in partition_lags(raw).items():
-            if (topic, partition) in self._parts:
+            if (topic, partition) in self._book.parts:
                 m.CONSUMER_LAG.labels(topic=topic, partition=str(partition)).set(lag)
 
     def _beat(self) -> None:
         if self._heartbeat is not None:
-            self._heartbeat.beat(len(self._parts), len(self._schedule), drained=self._idle())
+            self._heartbeat.beat(
+                len(self._book.parts), len(self._book.schedule), drained=self._idle()
+            )
 
     def _idle(self) -> bool:
         """Nothing left to do right now on the partitions this process owns."""
-        return (
-            self._joined
-            and not (self._router and self._router.inflight)
-            and not len(self._schedule)
-            and all(state.drained() for state in self._parts.values())
-        )
+        return self._joined and not (self._router and self._router.inflight) and self._book.idle()
 
     def _drained(self, busy: bool) -> bool:
         now = time.monotonic()

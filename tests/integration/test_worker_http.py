@@ -18,7 +18,7 @@ from tests.support import produce, read_topic
 class _Business(BaseHTTPRequestHandler):
     seen: list[tuple[str, str, str]] = []  # (body, retry number header, original topic header)
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers.get("Content-Length", 0))).decode()
         retry = self.headers.get("X-Retryd-Retry-Number", "")
         self.seen.append((body, retry, self.headers.get("X-Retryd-Original-Topic", "")))

@@ -163,3 +163,23 @@ def test_supervisor_with_two_processes_drains_the_group_and_exits_zero(
     dead_ids = {json.loads(r.value or b"{}")["id"] for r in dead}
     assert set(handled) | dead_ids == set(by_id)
     assert dead_ids == {s["id"] for s in specs if s["mode"] == "non_retryable"}
+
+
+def test_main_and_tier_roles_in_separate_processes(bootstrap: str, tmp_path: Path) -> None:
+    dep = deployment(bootstrap, tmp_path, sequence="1s,1s", partitions=2)
+    specs = [{"id": f"r{i}", "mode": "always" if i % 2 else "fail_k", "k": 1} for i in range(20)]
+    dep.send(specs)
+    log_main, log_tiers = tmp_path / "main.log", tmp_path / "tiers.log"
+    main = dep.spawn_worker(log_main, "--role", "main")
+    tiers = dep.spawn_worker(log_tiers, "--role", "tiers")
+    try:
+        dead = read_topic(bootstrap, dep.failed, expect=10, timeout=90)
+        wait_for(lambda: len(_lines(log_tiers)) >= 10 + 20, 60, what="every tier call")
+    finally:
+        assert stop_process(main) == 0
+        assert stop_process(tiers) == 0
+    main_calls, tier_calls = _lines(log_main), _lines(log_tiers)
+    assert {c["topic"] for c in main_calls} == {dep.main}
+    assert {c["topic"] for c in tier_calls} == {dep.tier("1s")}
+    assert sorted(c["id"] for c in main_calls) == sorted(s["id"] for s in specs)
+    assert {json.loads(r.value or b"{}")["id"] for r in dead} == {f"r{i}" for i in range(1, 20, 2)}
