@@ -174,7 +174,7 @@ def replay_one(
     sc = _sidecar(request)
     want = body or ReplayOneIn()
     rec = read_record(sc.pool, partition, offset, sc.timeout_s)
-    sc.ready_ledger()
+    sc.ready_ledger(refresh=False)  # replay() re-reads it right before deciding
     out = sc.replayer.replay(rec, target=want.target, force=want.force or force)
     return ReplayOneOut(
         replay_id=out.replay_id,
@@ -204,7 +204,7 @@ def create_job(request: Request, body: ReplayJobIn) -> ReplayJobOut:
     if body.target is not None:
         sc.policy.require_allowed(body.target)
         sc.policy.require_existing(body.target)
-    sc.ready_ledger()
+    sc.ready_ledger(refresh=False)  # the job reads it to the end when it starts
     job = sc.jobs.create(
         JobSpec(
             filter=flt,

@@ -79,8 +79,8 @@ class Sidecar:
         self.policy.close()
         self.ledger.close()
 
-    def ready_ledger(self) -> ReplayLedger:
-        """The ledger, its topic created if missing and read to the end."""
+    def ready_ledger(self, refresh: bool = True) -> ReplayLedger:
+        """The ledger, its topic created if missing and (``refresh``) read to the end."""
         with self._lock:
             if not self._ledger_ready:
                 try:
@@ -88,6 +88,8 @@ class Sidecar:
                 except LedgerError as exc:
                     raise BrokerUnavailable(str(exc)) from exc
                 self._ledger_ready = True
+        if not refresh:
+            return self.ledger
         try:
             self.ledger.refresh()
         except LedgerError as exc:

@@ -21,10 +21,18 @@ import logging
 import os
 import threading
 import time
+import uuid
 from collections.abc import Iterable
 from pathlib import Path
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import (
+    Consumer,
+    ConsumerGroupTopicPartitions,
+    KafkaError,
+    KafkaException,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, values
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
@@ -63,8 +71,9 @@ def local_is_multiprocess(path: Path) -> bool:
 class LagMonitor:
     """Measures the worker group's lag every ``interval_s`` in a background thread.
 
-    A consumer with the worker's ``group.id`` that never subscribes and never commits reads the
-    committed offsets (OffsetFetch) and, by fetching one batch at the committed position, the
+    The group's committed offsets come from an admin OffsetFetch
+    (``list_consumer_group_offsets``), so nothing here ever touches the group's membership. A
+    group-less consumer then fetches one small batch at each committed position and reads the
     high watermark from the fetch response (``get_watermark_offsets(cached=True)``): a
     ListOffsets 'latest' request is wrong on some Kafka-compatible brokers. Lag = high
     watermark - committed (or - low watermark when the group committed nothing).
@@ -89,6 +98,7 @@ class LagMonitor:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._consumer: Consumer | None = None
+        self._admin: AdminClient | None = None
         self.last_error: str | None = None
 
     def start(self) -> LagMonitor:
@@ -118,7 +128,7 @@ class LagMonitor:
             try:
                 self.measure_once()
                 self.last_error = None
-            except (KafkaException, RuntimeError) as exc:
+            except (KafkaException, RuntimeError, TimeoutError) as exc:
                 self.last_error = str(exc)
                 log.warning("consumer lag measurement failed: %s", exc)
             self._stop.wait(self.interval_s)
@@ -128,7 +138,7 @@ class LagMonitor:
             self._consumer = Consumer(
                 {
                     **self.common,
-                    "group.id": self.group_id,  # to read its commits; it never joins or commits
+                    "group.id": f"retryd-lag-probe-{uuid.uuid4().hex[:8]}",  # never used
                     "client.id": "retryd-lag-probe",
                     "enable.auto.commit": False,
                     "enable.auto.offset.store": False,
@@ -144,6 +154,18 @@ class LagMonitor:
             )
         return self._consumer
 
+    def _committed(self, tps: list[TopicPartition]) -> dict[tuple[str, int], int]:
+        if self._admin is None:
+            self._admin = AdminClient({**self.common, "log_level": 3}, logger=log)
+        request = [ConsumerGroupTopicPartitions(self.group_id, tps)]
+        futures = self._admin.list_consumer_group_offsets(request, request_timeout=self.timeout_s)
+        result = futures[self.group_id].result(self.timeout_s)
+        out = {(tp.topic, tp.partition): -1 for tp in tps}
+        for tp in result.topic_partitions or []:
+            if tp.error is None:
+                out[(tp.topic, tp.partition)] = tp.offset
+        return out
+
     def measure_once(self) -> dict[tuple[str, int], int]:
         consumer = self._get_consumer()
         tps: list[TopicPartition] = []
@@ -156,10 +178,7 @@ class LagMonitor:
             with self._lock:
                 self._values, self._measured_at = {}, time.monotonic()
             return {}
-        committed = {
-            (tp.topic, tp.partition): tp.offset
-            for tp in consumer.committed(tps, timeout=self.timeout_s)
-        }
+        committed = self._committed(tps)
         start = [
             TopicPartition(t.topic, t.partition, max(committed[(t.topic, t.partition)], 0))
             for t in tps

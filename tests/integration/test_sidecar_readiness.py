@@ -1,7 +1,7 @@
 """Readiness follows the broker and the worker heartbeats; liveness does not.
 
 Uses its own embedded broker on a fixed port (stopped and restarted on that port), never the
-session broker. Skipped when the suite runs against an external cluster.
+session broker (also when the suite runs against an external cluster).
 """
 
 from __future__ import annotations
@@ -10,16 +10,11 @@ import os
 from pathlib import Path
 
 import httpx
-import pytest
 
 from retryd.kafka.embedded import EmbeddedBroker, free_port
 from retryd.runtime.heartbeat import HeartbeatWriter
 from tests.integration.sidecar_support import Env, SidecarProcess
 from tests.support import wait_for
-
-pytestmark = pytest.mark.skipif(
-    bool(os.environ.get("RETRYD_TEST_BOOTSTRAP")), reason="needs an embedded broker it can stop"
-)
 
 
 def _ready(url: str) -> httpx.Response:
