@@ -16,9 +16,14 @@ API::
     ledger.ensure_topic()                 # optional: create it (1 partition, compacted) if missing
     ledger.refresh()                      # read to the end: call right before deciding
     entry = ledger.get(coord)             # LedgerEntry | None; ledger.is_replayed(coord) -> bool
-    ledger.record(coord, LedgerEntry(...))  # produce with acks=all and wait (raises LedgerError)
-    ledger.record_async(coord, entry, on_done)  # bulk: on_done(error_or_None); then ledger.flush()
+    ledger.record(coord, LedgerEntry(...))  # produce with acks=all, wait; returns the ledger offset
+    ledger.record_async(coord, entry, on_done)  # bulk: on_done(err, offset) from ledger.poll()/
+    ledger.flush()                              # flush(); the entry is visible once acknowledged
+    ledger.competing_writes(coord, entry)  # after record(): other replays of it that raced ours
+    with ledger.claim(coord): ...         # in-process mutual exclusion (try_claim/release: bulk)
     ledger.close()
+
+``coord`` is a ``retryd.replay.records.Coord`` (or its ``"topic/partition/offset"`` string).
 
 Ordering contract for a replay: produce the replayed copy and wait for its ack, *then* write
 the ledger record and wait for its ack; only then does the replay count. If the ledger write
@@ -29,10 +34,12 @@ Concurrency: within one process callers serialise "refresh, decide, produce, rec
 record (``ReplayLedger.claim``). Across processes (two sidecars, a sidecar and Spark) each
 refreshes right before deciding; what remains is the window between one process's refresh
 and the other's ledger write becoming visible (the produce round trips, typically a few ms):
-two processes deciding about the same record inside it both replay it. ``record`` detects this
-afterwards (it re-reads up to its own write and logs/returns the duplicate) but cannot undo it.
-Closing the window fully would need a lease or transactional fencing; a duplicate replay is
-the at-least-once outcome the rest of retryd already tolerates.
+two processes deciding about the same record inside it both replay it. ``competing_writes``
+detects this afterwards (the single-record API reports it as ``concurrent_replays``) but cannot
+undo it. Bulk jobs refresh once per second rather than per record, so for them the window is
+up to a second plus the round trips. Closing the window fully would need a lease or
+transactional fencing; a duplicate replay is the at-least-once outcome the rest of retryd
+already tolerates.
 """
 
 from __future__ import annotations
