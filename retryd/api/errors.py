@@ -22,7 +22,7 @@ from retryd.replay.errors import (
     ReplayFailed,
     TargetRefused,
 )
-from retryd.replay.jobs import TooManyJobs
+from retryd.replay.manager import TooManyJobs
 
 log = logging.getLogger(__name__)
 

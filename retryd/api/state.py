@@ -17,8 +17,9 @@ from confluent_kafka.admin import AdminClient
 from retryd.config import Settings
 from retryd.metrics.exposition import LagMonitor, SidecarCollector
 from retryd.replay.errors import BrokerUnavailable
-from retryd.replay.jobs import JobManager, JobSpec, ReplayJob
+from retryd.replay.jobs import JobSpec, ReplayJob
 from retryd.replay.ledger import LedgerError, ReplayLedger
+from retryd.replay.manager import JobManager
 from retryd.replay.replayer import Replayer, TargetPolicy
 from retryd.replay.scan import ScannerPool
 from retryd.runtime.heartbeat import read_heartbeats

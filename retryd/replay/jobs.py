@@ -14,7 +14,6 @@ import threading
 import time
 import uuid
 from collections import Counter, deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +22,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from retryd.policy.headers import replay_headers
 from retryd.replay.errors import BrokerUnavailable, InvalidTarget, ReplayError, TargetRefused
 from retryd.replay.ledger import LedgerEntry, LedgerError, ReplayLedger
+from retryd.replay.ratelimit import TokenBucket
 from retryd.replay.records import FailedRecord, RecordFilter
 from retryd.replay.replayer import TargetPolicy, producer_config, target_partition, who
 from retryd.replay.scan import TopicScanner, to_record
@@ -32,49 +32,6 @@ log = logging.getLogger(__name__)
 LEDGER_REFRESH_S = 1.0
 MAX_ERRORS_KEPT = 20
 RATE_WINDOW_S = 5.0
-
-
-class TokenBucket:
-    """Rate limit: starts empty, refills at ``rate`` per second up to a small burst.
-
-    Starting empty makes N takes last at least N / rate seconds.
-    """
-
-    def __init__(
-        self, rate: float, burst: float | None = None, clock: Callable[[], float] = time.monotonic
-    ) -> None:
-        if rate <= 0:
-            raise ValueError("rate must be positive")
-        self.rate = rate
-        self.capacity = burst if burst is not None else max(1.0, rate / 20)
-        self.clock = clock
-        self.tokens = 0.0
-        self.last = clock()
-
-    def _refill(self) -> None:
-        now = self.clock()
-        self.tokens = min(self.capacity, self.tokens + (now - self.last) * self.rate)
-        self.last = now
-
-    def try_take(self) -> float:
-        """Take a token and return 0, or return how long to wait before one is available."""
-        self._refill()
-        if self.tokens >= 1 - 1e-9:  # tolerate float rounding of the refill
-            self.tokens = max(0.0, self.tokens - 1)
-            return 0.0
-        return (1 - self.tokens) / self.rate
-
-    def take(self, stop: threading.Event, idle: Callable[[float], None] | None = None) -> bool:
-        """Block until a token is taken (True) or ``stop`` is set (False)."""
-        while not stop.is_set():
-            wait = self.try_take()
-            if wait == 0:
-                return True
-            if idle is not None:
-                idle(min(wait, 0.05))
-            else:
-                stop.wait(min(wait, 0.05))
-        return False
 
 
 @dataclass(frozen=True)
@@ -476,52 +433,3 @@ class ReplayJob:
                 "last_replayed": p.last_replayed,
                 "errors": list(p.errors),
             }
-
-
-class JobManager:
-    """Jobs of this process, kept in memory for its lifetime (the oldest finished ones are
-    dropped past ``keep``)."""
-
-    def __init__(
-        self, factory: Callable[[JobSpec], ReplayJob], keep: int = 1000, max_running: int = 4
-    ) -> None:
-        self.factory = factory
-        self.keep = keep
-        self.max_running = max_running
-        self._jobs: dict[str, ReplayJob] = {}
-        self._lock = threading.Lock()
-
-    def create(self, spec: JobSpec) -> ReplayJob:
-        with self._lock:
-            running = sum(1 for j in self._jobs.values() if not j.finished)
-            if running >= self.max_running:
-                raise TooManyJobs(
-                    f"{running} replay jobs are running (limit {self.max_running}); "
-                    "wait for one to finish or cancel one"
-                )
-            job = self.factory(spec)
-            self._jobs[job.id] = job
-            finished = [j for j in self._jobs.values() if j.finished]
-            for old in finished[: max(0, len(self._jobs) - self.keep)]:
-                del self._jobs[old.id]
-        return job.start()
-
-    def get(self, job_id: str) -> ReplayJob | None:
-        with self._lock:
-            return self._jobs.get(job_id)
-
-    def list(self) -> list[ReplayJob]:
-        with self._lock:
-            return list(self._jobs.values())
-
-    def cancel_all(self, timeout_s: float = 10.0) -> None:
-        jobs = self.list()
-        for job in jobs:
-            job.cancel()
-        deadline = time.monotonic() + timeout_s
-        for job in jobs:
-            job.wait(max(0.0, deadline - time.monotonic()))
-
-
-class TooManyJobs(ReplayError):
-    """The per-process limit of concurrently running jobs is reached."""

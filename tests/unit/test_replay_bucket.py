@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from retryd.replay.jobs import TokenBucket
+from retryd.replay.ratelimit import TokenBucket
 
 
 class Clock:
