@@ -382,7 +382,7 @@ class PythonHandler:
             try:
                 if exc is not None:
                     result = self._failed(message, exc)
-                elif inspect.isawaitable(value):
+                elif value is not None and inspect.isawaitable(value):
                     result = self._call_async(message, _returns(value), self._timeout_s)
                 else:
                     result = HandlerResult.success()

@@ -63,19 +63,7 @@ class _Work:
         return f"{self.tp[0]}[{self.tp[1]}]@{self.offset}"
 
     def handler_message(self) -> Message:
-        if self.env is None:  # first delivery from a main topic: it is its own origin
-            return Message(
-                key=self.msg.key(),
-                value=self.msg.value(),
-                headers=self.headers,
-                topic=self.tp[0],
-                partition=self.tp[1],
-                offset=self.offset,
-                timestamp=self.msg.timestamp()[1],
-                original_topic=self.tp[0],
-                original_partition=self.tp[1],
-                original_offset=self.offset,
-            )
+        env = self.env  # None: first delivery from a main topic, which is its own origin
         return Message(
             key=self.msg.key(),
             value=self.msg.value(),
@@ -84,10 +72,10 @@ class _Work:
             partition=self.tp[1],
             offset=self.offset,
             timestamp=self.msg.timestamp()[1],
-            retry_number=self.env.retry_number,
-            original_topic=self.env.original_topic,
-            original_partition=self.env.original_partition,
-            original_offset=self.env.original_offset,
+            retry_number=env.retry_number if env else 0,
+            original_topic=env.original_topic if env else self.tp[0],
+            original_partition=env.original_partition if env else self.tp[1],
+            original_offset=env.original_offset if env else self.offset,
         )
 
 
@@ -122,6 +110,7 @@ class Worker:
         self._consumer = Consumer(consumer_config(settings, self.role, self._on_stats))
         self._book = PartitionBook(self._consumer, self.tier_delays)
         self._router: Router | None = None
+        self._total_partitions = 0
         self._heartbeat: HeartbeatWriter | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -135,7 +124,9 @@ class Worker:
         )
         self._heartbeat.beat(0, 0, "starting", force=True)
         try:
-            self._router = Router(producer_config(self.settings), self._check_topics())
+            counts = self._check_topics()
+            self._total_partitions = sum(counts[t] for t in self.topics)
+            self._router = Router(producer_config(self.settings), counts)
             self._consumer.subscribe(
                 self.topics,
                 on_assign=self._on_assign,
@@ -416,8 +407,10 @@ class Worker:
         return self._joined and not (self._router and self._router.inflight) and self._book.idle()
 
     def _drained(self, busy: bool) -> bool:
+        """Single-process drain: idle *and* owning every partition (an empty assignment while a
+        departed member is still being timed out is not "drained")."""
         now = time.monotonic()
-        if busy or not self._idle():
+        if busy or not self._idle() or len(self._book.parts) < self._total_partitions:
             self._idle_since = None
             return False
         if self._idle_since is None:
