@@ -15,16 +15,15 @@ period and the loop is abandoned like a hung thread.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import inspect
 import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, cast
 
+from retryd.handlers.async_runner import AsyncCall, LoopRunner
 from retryd.handlers.base import HandlerShutdown, Message, call_sequentially
 from retryd.policy.classify import HandlerResult, classify_exception, timeout_result
 
@@ -174,90 +173,6 @@ def _returns(value: Any) -> Callable[[Message], Any]:
     return lambda _message: value
 
 
-class _AsyncCall:
-    """One async call in flight; ``done`` is released when ``result`` is set."""
-
-    __slots__ = ("abandoned", "done", "finished", "message", "result")
-
-    def __init__(self, message: Message) -> None:
-        self.message = message
-        self.done = threading.Lock()
-        self.done.acquire()
-        self.finished = False
-        self.abandoned = False
-        self.result: _Out | None = None  # None: timed out and cancelled
-
-
-class _LoopRunner:
-    """A persistent asyncio loop on a daemon thread, running calls as tasks."""
-
-    def __init__(self, owner: PythonHandler, name: str) -> None:
-        self._owner = owner
-        self.loop = asyncio.new_event_loop()
-        self.lock = threading.Lock()
-        self.inflight = 0
-        self.abandoned = False
-        self._tasks: set[asyncio.Task[_Out | None]] = set()  # strong refs while running
-        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        try:
-            self.loop.run_forever()
-        finally:
-            self.loop.close()
-
-    def submit(self, call: _AsyncCall, factory: Callable[[Message], Any], timeout: float) -> bool:
-        with self.lock:
-            self.inflight += 1
-        try:
-            self.loop.call_soon_threadsafe(self._start, call, factory, timeout)
-        except RuntimeError:  # loop closed under us (close() raced)
-            with self.lock:
-                self.inflight -= 1
-            return False
-        return True
-
-    def _start(self, call: _AsyncCall, factory: Callable[[Message], Any], timeout: float) -> None:
-        task = self.loop.create_task(_invoke(factory, call.message, timeout))
-        self._tasks.add(task)
-        task.add_done_callback(lambda t: self._done(t, call))
-
-    def _done(self, task: asyncio.Task[_Out | None], call: _AsyncCall) -> None:
-        self._tasks.discard(task)
-        result = None if task.cancelled() else task.result()
-        with self.lock:
-            self.inflight -= 1
-            stop = self.abandoned and self.inflight == 0
-            late = call.abandoned
-            if not late:
-                call.result = result
-                call.finished = True
-                call.done.release()
-        if late:
-            self._owner._late_return(call.message)
-        if stop:
-            self.loop.stop()
-
-    def wait(self, call: _AsyncCall, timeout: float) -> bool:
-        """True once the call finished; False if it did not and is now abandoned (with the loop)."""
-        if call.done.acquire(timeout=timeout):
-            return True
-        with self.lock:
-            if call.finished:
-                return True
-            call.abandoned = True
-            self.abandoned = True
-            self._owner._count_abandoned(+1)
-        return False
-
-    def stop(self) -> None:
-        if not self.loop.is_closed():
-            with contextlib.suppress(RuntimeError):  # closed concurrently
-                self.loop.call_soon_threadsafe(self.loop.stop)
-
-
 class PythonHandler:
     """Handler for ``python:package.module:function`` specs.
 
@@ -283,7 +198,7 @@ class PythonHandler:
         self._abandoned = 0
         self._idle: list[_SyncWorker] = []
         self._workers_started = 0
-        self._runner: _LoopRunner | None = None
+        self._runner: LoopRunner | None = None
         self._runner_lock = threading.Lock()
         self._closed = False
 
@@ -443,20 +358,20 @@ class PythonHandler:
 
     # -- async --------------------------------------------------------------------------------
 
-    def _get_runner(self) -> _LoopRunner:
+    def _get_runner(self) -> LoopRunner:
         with self._runner_lock:
             if self._runner is None:
                 with self._count_lock:
                     self._workers_started += 1
                     number = self._workers_started
-                self._runner = _LoopRunner(self, f"retryd-handler-{self._name}-loop-{number}")
+                self._runner = LoopRunner(self, f"retryd-handler-{self._name}-loop-{number}")
             return self._runner
 
     def _call_async(
         self, message: Message, factory: Callable[[Message], Any], timeout: float
     ) -> HandlerResult:
         runner = self._get_runner()
-        call = _AsyncCall(message)
+        call = AsyncCall(message)
         if not runner.submit(call, factory, timeout):
             return timeout_result(timeout)
         if not runner.wait(call, timeout + ASYNC_CANCEL_GRACE_S):
@@ -484,23 +399,3 @@ class PythonHandler:
         if exc is not None:
             return self._failed(message, exc)
         return HandlerResult.success()
-
-
-async def _invoke(
-    factory: Callable[[Message], Any], message: Message, timeout: float
-) -> _Out | None:
-    """Run one async call on the loop; never lets an exception escape into the loop."""
-    try:
-        async with asyncio.timeout(timeout) as scope:
-            coro: Coroutine[Any, Any, Any] = factory(message)
-            value = await coro
-        return (None, value)
-    except TimeoutError as exc:
-        return None if scope.expired() else (exc, None)
-    except asyncio.CancelledError as exc:
-        task = asyncio.current_task()
-        if task is not None and task.cancelling():
-            raise  # the loop is shutting down
-        return (exc, None)  # business code raised CancelledError itself
-    except BaseException as exc:  # incl. KeyboardInterrupt/SystemExit: must not kill the loop
-        return (exc, None)

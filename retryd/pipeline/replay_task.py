@@ -17,13 +17,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import Producer
 
-from retryd.policy.headers import replay_headers
 from retryd.replay.jobs import LEDGER_REFRESH_S, TokenBucket
-from retryd.replay.ledger import LedgerEntry, ReplayLedger
+from retryd.replay.ledger import ReplayLedger
 from retryd.replay.records import FailedRecord
-from retryd.replay.replayer import producer_config, target_partition
+from retryd.replay.replayer import producer_config, send_replay_copy
 
 log = logging.getLogger(__name__)
 MAX_ERRORS = 20
@@ -67,54 +66,28 @@ class _Task:
         self.ledger.poll(0)
 
     def send(self, rec: FailedRecord, target: str, forced: bool) -> None:
-        coord = rec.coord
-        where = f"{rec.topic}[{rec.partition}]@{rec.offset}"
-
-        def ledger_done(err: KafkaError | None, offset: int | None) -> None:
+        def done(error: str | None) -> None:
             self.inflight -= 1
-            if err is None:
+            if error is None:
                 self.replayed += 1
                 self.by_target[target] += 1
             else:
                 self.failed += 1
-                self.error(f"{where} replayed to {target} but the ledger write failed: {err.str()}")
+                self.error(error)
 
-        def delivered(err: KafkaError | None, msg: Message) -> None:
-            if err is not None:
-                self.inflight -= 1
-                self.failed += 1
-                self.error(f"{where}: producing the copy to {target} failed: {err.str()}")
-                return
-            entry = LedgerEntry(
-                replay_id=self.spec.replay_id,
-                target_topic=target,
-                target_partition=msg.partition(),
-                target_offset=msg.offset(),
-                replayed_at_ms=int(time.time() * 1000),
-                forced=forced,
-                by=self.by,
-            )
-            self.ledger.record_async(coord, entry, ledger_done)
-
-        kwargs: dict[str, Any] = {
-            "key": rec.key,
-            "value": rec.value,
-            "headers": replay_headers(
-                rec.headers, replay_id=self.spec.replay_id, replayed_from=str(coord)
-            ),
-            "on_delivery": delivered,
-        }
-        part = target_partition(rec, target, self.spec.partitions[target])
-        if part is not None:
-            kwargs["partition"] = part
         self.inflight += 1
-        while True:
-            try:
-                self.producer.produce(target, **kwargs)
-                break
-            except BufferError:
-                self.idle(0.05)
-        self.idle(0)
+        send_replay_copy(
+            self.producer,
+            self.ledger,
+            rec,
+            target,
+            self.spec.partitions[target],
+            replay_id=self.spec.replay_id,
+            forced=forced,
+            by=self.by,
+            on_done=done,
+            idle=self.idle,
+        )
 
     def drain(self) -> None:
         deadline = time.monotonic() + self.spec.timeout_s * 6

@@ -17,14 +17,13 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, Message, Producer
+from confluent_kafka import KafkaException, Producer
 
-from retryd.policy.headers import replay_headers
 from retryd.replay.errors import BrokerUnavailable, InvalidTarget, ReplayError, TargetRefused
-from retryd.replay.ledger import LedgerEntry, LedgerError, ReplayLedger
+from retryd.replay.ledger import LedgerError, ReplayLedger
 from retryd.replay.ratelimit import TokenBucket
 from retryd.replay.records import FailedRecord, RecordFilter
-from retryd.replay.replayer import TargetPolicy, producer_config, target_partition, who
+from retryd.replay.replayer import TargetPolicy, producer_config, send_replay_copy, who
 from retryd.replay.scan import TopicScanner, to_record
 
 log = logging.getLogger(__name__)
@@ -252,68 +251,37 @@ class ReplayJob:
 
     def _send(self, producer: Producer, rec: FailedRecord, target: str, counter: Any) -> None:
         coord = rec.coord
-        count = self.policy.partitions(target) or 1
-        part = target_partition(rec, target, count)
-        forced = self.ledger.is_replayed(coord)
 
-        def ledger_done(err: KafkaError | None, offset: int | None) -> None:
+        def done(error: str | None) -> None:
             with self._lock:
                 self._inflight -= 1
-                if err is None:
+                if error is None:
                     self.progress.replayed += 1
                     self.progress.last_replayed = str(coord)
                 else:
                     self.progress.failed += 1
-                    self._note_error(f"{coord}: replayed but the ledger write failed: {err.str()}")
-            counter.labels(status="replayed" if err is None else "failed").inc()
+                    self._note_error(error)
+            counter.labels(status="replayed" if error is None else "failed").inc()
             self.ledger.release(coord)
 
-        def delivered(err: KafkaError | None, msg: Message) -> None:
-            if err is not None:
-                log.error(
-                    "replaying %s[%d]@%d to %s failed: %s",
-                    rec.topic,
-                    rec.partition,
-                    rec.offset,
-                    target,
-                    err.str(),
-                )
-                with self._lock:
-                    self._inflight -= 1
-                    self.progress.failed += 1
-                    self._note_error(f"{coord}: producing to {target} failed: {err.str()}")
-                counter.labels(status="failed").inc()
-                self.ledger.release(coord)
-                return
-            entry = LedgerEntry(
-                replay_id=self.id,
-                target_topic=target,
-                target_partition=msg.partition(),
-                target_offset=msg.offset(),
-                replayed_at_ms=int(time.time() * 1000),
-                forced=forced,
-                by=self.by,
-            )
-            self.ledger.record_async(coord, entry, ledger_done)
+        def idle(seconds: float) -> None:
+            producer.poll(seconds)
+            self.ledger.poll(0)
 
-        kwargs: dict[str, Any] = {
-            "key": rec.key,
-            "value": rec.value,
-            "headers": replay_headers(rec.headers, replay_id=self.id, replayed_from=str(coord)),
-            "on_delivery": delivered,
-        }
-        if part is not None:
-            kwargs["partition"] = part
         with self._lock:
             self._inflight += 1
-        while True:
-            try:
-                producer.produce(target, **kwargs)
-                break
-            except BufferError:
-                producer.poll(0.05)
-        producer.poll(0)
-        self.ledger.poll(0)
+        send_replay_copy(
+            producer,
+            self.ledger,
+            rec,
+            target,
+            self.policy.partitions(target) or 1,
+            replay_id=self.id,
+            forced=self.ledger.is_replayed(coord),
+            by=self.by,
+            on_done=done,
+            idle=idle,
+        )
 
     def _drain(self, producer: Producer) -> None:
         """Wait until every copy and its ledger record is acknowledged (or failed)."""

@@ -11,6 +11,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -254,17 +255,8 @@ class Replayer:
     ) -> tuple[int, int]:
         producer = self._get_producer()
         result: list[tuple[KafkaError | None, Message]] = []
-        kwargs: dict[str, Any] = {
-            "key": rec.key,
-            "value": rec.value,
-            "headers": replay_headers(
-                rec.headers, replay_id=replay_id, replayed_from=str(rec.coord)
-            ),
-            "on_delivery": lambda err, msg: result.append((err, msg)),
-        }
-        part = target_partition(rec, topic, count)
-        if part is not None:
-            kwargs["partition"] = part
+        kwargs = replay_copy_kwargs(rec, topic, count, replay_id)
+        kwargs["on_delivery"] = lambda err, msg: result.append((err, msg))
         try:
             producer.produce(topic, **kwargs)
         except (BufferError, KafkaException) as exc:
@@ -287,3 +279,67 @@ class Replayer:
             if self._producer is not None:
                 self._producer.flush(5)
                 self._producer = None
+
+
+def replay_copy_kwargs(
+    rec: FailedRecord, target: str, partition_count: int, replay_id: str
+) -> dict[str, Any]:
+    """``Producer.produce`` arguments of a replayed copy: key and value as they were, a fresh
+    retry sequence, the replay headers, the source's partition number where the target has it."""
+    kwargs: dict[str, Any] = {
+        "key": rec.key,
+        "value": rec.value,
+        "headers": replay_headers(rec.headers, replay_id=replay_id, replayed_from=str(rec.coord)),
+    }
+    part = target_partition(rec, target, partition_count)
+    if part is not None:
+        kwargs["partition"] = part
+    return kwargs
+
+
+def send_replay_copy(
+    producer: Producer,
+    ledger: ReplayLedger,
+    rec: FailedRecord,
+    target: str,
+    partition_count: int,
+    *,
+    replay_id: str,
+    forced: bool,
+    by: str,
+    on_done: Callable[[str | None], None],
+    idle: Callable[[float], None],
+) -> None:
+    """Produce one replayed copy asynchronously and, once the broker acknowledged it, record it in
+    the ledger. ``on_done`` runs exactly once: None when both are acknowledged, else why not."""
+    where = f"{rec.topic}[{rec.partition}]@{rec.offset}"
+
+    def ledger_done(err: KafkaError | None, offset: int | None) -> None:
+        on_done(
+            None if err is None else f"{where}: replayed but the ledger write failed: {err.str()}"
+        )
+
+    def delivered(err: KafkaError | None, msg: Message) -> None:
+        if err is not None:
+            log.error("replaying %s to %s failed: %s", where, target, err.str())
+            on_done(f"{where}: producing the copy to {target} failed: {err.str()}")
+            return
+        entry = LedgerEntry(
+            replay_id=replay_id,
+            target_topic=target,
+            target_partition=msg.partition(),
+            target_offset=msg.offset(),
+            replayed_at_ms=int(time.time() * 1000),
+            forced=forced,
+            by=by,
+        )
+        ledger.record_async(rec.coord, entry, ledger_done)
+
+    kwargs = replay_copy_kwargs(rec, target, partition_count, replay_id)
+    while True:
+        try:
+            producer.produce(target, on_delivery=delivered, **kwargs)
+            break
+        except BufferError:
+            idle(0.05)  # local queue full: serve acknowledgements to make room
+    idle(0)
