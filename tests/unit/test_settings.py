@@ -116,9 +116,7 @@ def test_precedence_override_env_toml_default(
     assert s.session_timeout_ms == 45_000  # default
 
 
-def test_list_precedence_and_comma_strings(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_list_precedence_and_comma_strings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = write(tmp_path, 'main_topics = ["t1"]\nnon_retryable = "KeyError, ValueError"\n')
     assert load_settings(cfg).non_retryable == ["KeyError", "ValueError"]
     monkeypatch.setenv("RETRYD_MAIN_TOPICS", "e1,e2")
