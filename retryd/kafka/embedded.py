@@ -43,6 +43,17 @@ def tansu_binary() -> Path:
     )
 
 
+def _die_with_parent() -> None:
+    """Runs in the child before exec: on Linux, SIGTERM the broker when its parent dies, so a
+    killed test run or ``retryd dev`` never leaves a broker behind."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
@@ -81,6 +92,7 @@ class EmbeddedBroker:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                preexec_fn=_die_with_parent,  # only calls prctl: safe before exec
             )
         except OSError as exc:
             raise BrokerStartError(f"cannot start embedded broker {binary}: {exc}") from exc
