@@ -9,6 +9,8 @@ from typing import Any
 from retryd.config import Role, Settings
 
 log = logging.getLogger(__name__)
+# librdkafka's own log lines, routed through Python logging (served from poll/consume).
+librdkafka_log = logging.getLogger("retryd.librdkafka")
 
 # Options the at-least-once design depends on: user pass-through cannot change them.
 _CONSUMER_FIXED = {
@@ -40,6 +42,7 @@ def consumer_config(
         "auto.offset.reset": "earliest",
         "session.timeout.ms": settings.session_timeout_ms,
         "max.poll.interval.ms": settings.max_poll_interval_ms,
+        "logger": librdkafka_log,
     }
     if role is not Role.MAIN:
         # Tier partitions pause often and every seek re-fetches the queue: keep prefetch small.
@@ -56,5 +59,6 @@ def producer_config(settings: Settings) -> dict[str, Any]:
         "bootstrap.servers": settings.bootstrap_servers,
         "client.id": "retryd-router",
         "linger.ms": 5,
+        "logger": librdkafka_log,
     }
     return _merge(base, settings.kafka, _PRODUCER_FIXED)
