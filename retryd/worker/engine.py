@@ -353,8 +353,15 @@ class Worker:
                 self.summary.dead_reasons[route.dead_reason] += 1
 
         def failed(err: KafkaError) -> None:
+            hint = ""
+            if err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
+                hint = (
+                    " (the copy carries retryd headers on top of the original: raise the producer's"
+                    " message.max.bytes and the tier/failed topics' max.message.bytes)"
+                )
             self._fatal = DeliveryError(
-                f"routed copy of {source_topic}[{tp[1]}]@{offset} to {route.topic} failed: {err}"
+                f"routed copy of {source_topic}[{tp[1]}]@{offset} to {route.topic} failed: "
+                f"{err.str()}{hint}; the input stays uncommitted and is redone after a restart"
             )
             log.error("%s", self._fatal)
 

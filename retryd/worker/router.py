@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from confluent_kafka import KafkaError, Producer
+from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka import Message as KMessage
 
 from retryd.policy.routing import Route, target_partition
@@ -56,6 +56,9 @@ class Router:
                 break
             except BufferError:
                 self._producer.poll(0.05)  # local queue full: serve delivery reports to make room
+            except KafkaException as exc:  # refused locally, e.g. larger than message.max.bytes
+                on_failed(exc.args[0] if exc.args else KafkaError(KafkaError._FAIL))
+                return
         self.inflight += 1
 
     def poll(self) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from retryd.policy import headers as h
 from tests.integration.worker_support import calls_for, deployment
 from tests.support import produce, read_topic
@@ -106,3 +108,27 @@ def test_slow_batch_goes_back_to_polling_before_max_poll_interval(
         assert [c["retry_number"] for c in calls_for(f"s{i}")] == [0], f"s{i}"
     assert summary.rebalances == {"assign": 1}, summary.rebalances
     assert summary.total("success") == 24
+
+
+def test_copy_too_large_to_route_stops_the_worker_without_committing_it(
+    bootstrap: str, tmp_path: Path
+) -> None:
+    from confluent_kafka import Consumer, TopicPartition
+
+    from retryd.errors import DeliveryError
+
+    # The routed copy adds retryd headers; with a 2,000-byte producer limit it no longer fits.
+    dep = deployment(bootstrap, tmp_path, sequence="1s", kafka={"message.max.bytes": "2000"})
+    dep.send([{"id": "small", "mode": "ok"}, {"id": "big", "mode": "always", "pad": "x" * 1850}])
+
+    with pytest.raises(DeliveryError, match=r"message\.max\.bytes.*uncommitted"):
+        dep.run()
+
+    assert [c["retry_number"] for c in calls_for("big")] == [0]
+    reader = Consumer({"bootstrap.servers": bootstrap, "group.id": dep.settings.group_id})
+    try:
+        [committed] = reader.committed([TopicPartition(dep.main, 0)], timeout=10)
+    finally:
+        reader.close()
+    assert committed.offset == 1, "the small message is committed, the big one is not"
+    assert read_topic(bootstrap, dep.tier("1s")) == []
