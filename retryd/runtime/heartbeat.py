@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from retryd.runtime.paths import heartbeat_dir
@@ -24,6 +24,10 @@ class Heartbeat:
     paused_partitions: int
     state: str  # starting | running | stopping
     drained: bool = False  # every assigned partition at its end, nothing in flight or waiting
+    # "topic/partition" -> next offset to consume, for the partitions this process owns
+    positions: dict[str, int] = field(default_factory=dict)
+    # "topic/partition" -> one past the last routed copy this process had acknowledged there
+    produced: dict[str, int] = field(default_factory=dict)
 
 
 class HeartbeatWriter:
@@ -43,12 +47,25 @@ class HeartbeatWriter:
         state: str = "running",
         force: bool = False,
         drained: bool = False,
+        positions: dict[str, int] | None = None,
+        produced: dict[str, int] | None = None,
     ) -> None:
         now = time.time()
         if not force and now - self._last < self.interval_s:
             return
         self._last = now
-        hb = Heartbeat(os.getpid(), self.role, self.group_id, now, assigned, paused, state, drained)
+        hb = Heartbeat(
+            os.getpid(),
+            self.role,
+            self.group_id,
+            now,
+            assigned,
+            paused,
+            state,
+            drained,
+            positions or {},
+            produced or {},
+        )
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps(asdict(hb)), encoding="utf-8")
         os.replace(tmp, self.path)

@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from retryd.runtime.heartbeat import read_heartbeats
+from retryd.runtime.heartbeat import Heartbeat, read_heartbeats
 
 
 class DrainWatch:
@@ -30,6 +30,7 @@ class DrainWatch:
             len(beats) == len(wanted)
             and all(hb.drained for hb in beats.values())
             and sum(hb.assigned_partitions for hb in beats.values()) == self.total_partitions
+            and _caught_up(beats.values())
         )
         if not idle:
             self._since = None
@@ -40,3 +41,17 @@ class DrainWatch:
         # every child must have re-confirmed after the idle period started
         fresh = all(hb.ts > self._since for hb in beats.values())
         return fresh and now - self._since >= self.grace_s
+
+
+def _caught_up(beats: Iterable[Heartbeat]) -> bool:
+    """Every copy any child routed has been consumed by the partition's owner: a sibling's copy
+    may not have been fetched yet by a child that otherwise looks idle."""
+    beats = list(beats)
+    positions: dict[str, int] = {}
+    for hb in beats:
+        positions.update(hb.positions)
+    for hb in beats:
+        for tp, end in hb.produced.items():
+            if tp in positions and positions[tp] < end:
+                return False
+    return True

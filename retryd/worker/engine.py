@@ -405,8 +405,19 @@ class Worker:
 
     def _beat(self) -> None:
         if self._heartbeat is not None:
+            book, router = self._book, self._router
             self._heartbeat.beat(
-                len(self._book.parts), len(self._book.schedule), drained=self._idle()
+                len(book.parts),
+                len(book.schedule),
+                drained=self._idle(),
+                positions={
+                    f"{t}/{p}": st.position
+                    for (t, p), st in book.parts.items()
+                    if st.position is not None
+                },
+                produced={f"{t}/{p}": end for (t, p), end in router.produced_end.items()}
+                if router
+                else {},
             )
 
     def _idle(self) -> bool:

@@ -23,6 +23,7 @@ class Router:
         self._producer = Producer(config)
         self.partition_counts = partition_counts
         self.inflight = 0
+        self.produced_end: dict[tuple[str, int], int] = {}  # acknowledged copies, per partition
 
     def send(
         self,
@@ -38,7 +39,11 @@ class Router:
             if err is not None:
                 on_failed(err)
             else:
-                on_acked(out.partition() or 0, out.offset() or 0)
+                partition, offset = out.partition() or 0, out.offset() or 0
+                key = (route.topic, partition)
+                if offset + 1 > self.produced_end.get(key, 0):
+                    self.produced_end[key] = offset + 1
+                on_acked(partition, offset)
 
         kwargs: dict[str, Any] = {
             "key": key,
