@@ -10,6 +10,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console, Group
@@ -21,6 +22,9 @@ from retryd.config import Settings
 from retryd.dev.traffic import Expected, demo_orders, encode, expected_outcome
 from retryd.errors import RetrydError
 from retryd.runtime.paths import metrics_dir, prepare_metrics_env
+
+if TYPE_CHECKING:
+    from retryd.dev.progress import Snapshot
 
 console = Console(stderr=True)
 
@@ -173,10 +177,7 @@ def _run(
     return _summary(snapshot(metrics_dir(settings.state_dir)), expected, topics, main, started)
 
 
-def _progress(snap: object, topics: list[str], started: float) -> Table:
-    from retryd.dev.progress import Snapshot
-
-    assert isinstance(snap, Snapshot)
+def _progress(snap: Snapshot, topics: list[str], started: float) -> Table:
     table = Table(title=f"retryd dev: {time.monotonic() - started:5.1f}s")
     for col in ("topic", "success", "retried", "dead", "paused partitions"):
         table.add_column(col, justify="right" if col != "topic" else "left")
@@ -191,10 +192,9 @@ def _progress(snap: object, topics: list[str], started: float) -> Table:
     return table
 
 
-def _summary(snap: object, expected: Expected, topics: list[str], main: str, started: float) -> int:
-    from retryd.dev.progress import Snapshot
-
-    assert isinstance(snap, Snapshot)
+def _summary(
+    snap: Snapshot, expected: Expected, topics: list[str], main: str, started: float
+) -> int:
     table = Table(title="summary", show_lines=False)
     table.add_column("what")
     table.add_column("expected", justify="right")

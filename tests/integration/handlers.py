@@ -48,6 +48,11 @@ def _record(message: Message, spec: dict) -> None:
     }
     with _LOCK:
         CALLS.append(entry)
+    append_log_line(entry)
+
+
+def append_log_line(entry: dict) -> None:
+    """Append ``entry`` to ``$RETRYD_TEST_LOG`` as one JSON line in one write (SIGKILL-safe)."""
     path = os.environ.get("RETRYD_TEST_LOG")
     if path:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)

@@ -5,11 +5,11 @@ Every call is appended to ``RETRYD_TEST_LOG`` as one JSON line (one os.write, O_
 
 from __future__ import annotations
 
-import json
 import os
 
 from retryd import NonRetryableError
 from retryd.handlers.base import Message
+from tests.integration.handlers import append_log_line
 
 
 def replay_aware(message: Message) -> None:
@@ -22,12 +22,6 @@ def replay_aware(message: Message) -> None:
         "replayed_from": (message.header("retryd_replayed_from") or b"").decode() or None,
         "pid": os.getpid(),
     }
-    path = os.environ.get("RETRYD_TEST_LOG")
-    if path:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            os.write(fd, (json.dumps(entry) + "\n").encode())
-        finally:
-            os.close(fd)
+    append_log_line(entry)
     if replay_id is None:
         raise NonRetryableError("poison until someone replays it")
