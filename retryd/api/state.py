@@ -15,6 +15,7 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 from retryd.config import Settings
+from retryd.kafka.clients import admin_config, new_admin
 from retryd.metrics.exposition import LagMonitor, SidecarCollector
 from retryd.replay.errors import BrokerUnavailable
 from retryd.replay.jobs import JobSpec, ReplayJob
@@ -101,15 +102,7 @@ class Sidecar:
     def _admin_client(self) -> AdminClient:
         with self._lock:
             if self._admin is None:
-                self._admin = AdminClient(
-                    {
-                        **self.common,
-                        "reconnect.backoff.ms": 100,
-                        "reconnect.backoff.max.ms": 1000,
-                        "log_level": 3,
-                    },
-                    logger=log,
-                )
+                self._admin = new_admin(admin_config(self.common, "readiness", log_level=3))
             return self._admin
 
     def readiness(self) -> dict[str, Any]:

@@ -93,13 +93,19 @@ def _run(
     seed: int,
     timeout_s: float,
 ) -> int:
-    from confluent_kafka import Producer
-    from confluent_kafka.admin import AdminClient, NewTopic
+    from confluent_kafka.admin import NewTopic
 
+    from retryd.kafka.clients import (
+        admin_config,
+        common_config,
+        new_admin,
+        new_producer,
+        producer_config,
+    )
     from retryd.kafka.topics import create_topics
 
     plan = settings.plan
-    admin = AdminClient(dict(settings.kafka_common()))
+    admin = new_admin(admin_config(common_config(settings), "dev"))
     main = settings.main_topics[0]
     admin.create_topics([NewTopic(main, partitions, 1)])[main].result(30)
     with console.status("creating tier and failed topics"):
@@ -108,7 +114,7 @@ def _run(
 
     orders = demo_orders(messages, fail_rate, poison_rate, plan.max_retries + 1, seed)
     expected = expected_outcome(orders, plan)
-    producer = Producer({**settings.kafka_common(), "linger.ms": 20, "acks": "all"})
+    producer = new_producer(producer_config(common_config(settings), "dev", **{"linger.ms": 20}))
     for order in orders:
         key, value = encode(order)
         producer.produce(main, key=key, value=value)

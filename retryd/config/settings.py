@@ -9,6 +9,7 @@ import contextvars
 import enum
 import re
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -42,7 +43,7 @@ class Role(enum.StrEnum):
     TIERS = "tiers"
 
 
-def redact_kafka(options: dict[str, str]) -> dict[str, str]:
+def redact_kafka(options: Mapping[str, Any]) -> dict[str, Any]:
     """librdkafka options safe to log: secret-looking values replaced."""
     return {k: ("***" if _SECRET_KEY_RE.search(k) else v) for k, v in options.items()}
 

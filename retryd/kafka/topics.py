@@ -17,6 +17,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, Resourc
 
 from retryd.config import Settings
 from retryd.errors import KafkaSetupError
+from retryd.kafka.clients import admin_config, common_config, new_admin
 from retryd.policy.sequence import format_delay
 
 log = logging.getLogger(__name__)
@@ -62,7 +63,7 @@ class TopicState:
 
 def make_admin(settings: Settings) -> AdminClient:
     """An AdminClient with the cluster options (security included) and Python logging."""
-    return AdminClient(dict(settings.kafka_common()), logger=log)
+    return new_admin(admin_config(common_config(settings), "topics"))
 
 
 def _kafka_error(exc: BaseException) -> str:

@@ -21,7 +21,6 @@ import logging
 import os
 import threading
 import time
-import uuid
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -37,6 +36,8 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, v
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
+
+from retryd.kafka.clients import admin_config, new_admin, new_consumer, reader_config
 
 log = logging.getLogger(__name__)
 
@@ -135,28 +136,23 @@ class LagMonitor:
 
     def _get_consumer(self) -> Consumer:
         if self._consumer is None:
-            self._consumer = Consumer(
-                {
-                    **self.common,
-                    "group.id": f"retryd-lag-probe-{uuid.uuid4().hex[:8]}",  # never used
-                    "client.id": "retryd-lag-probe",
-                    "enable.auto.commit": False,
-                    "enable.auto.offset.store": False,
-                    "enable.partition.eof": True,
-                    "auto.offset.reset": "earliest",
-                    "fetch.wait.max.ms": 50,
-                    "queued.max.messages.kbytes": 64,
-                    "max.partition.fetch.bytes": 16384,
-                    "reconnect.backoff.max.ms": 1000,
-                    "log_level": 3,
-                },
-                logger=log,
+            self._consumer = new_consumer(
+                reader_config(
+                    self.common,
+                    "lag-probe",
+                    **{
+                        "fetch.wait.max.ms": 50,
+                        "queued.max.messages.kbytes": 64,
+                        "max.partition.fetch.bytes": 16384,
+                        "log_level": 3,
+                    },
+                )
             )
         return self._consumer
 
     def _committed(self, tps: list[TopicPartition]) -> dict[tuple[str, int], int]:
         if self._admin is None:
-            self._admin = AdminClient({**self.common, "log_level": 3}, logger=log)
+            self._admin = new_admin(admin_config(self.common, "lag-monitor", log_level=3))
         request = [ConsumerGroupTopicPartitions(self.group_id, tps)]
         futures = self._admin.list_consumer_group_offsets(request, request_timeout=self.timeout_s)
         result = futures[self.group_id].result(self.timeout_s)

@@ -15,7 +15,8 @@ from collections.abc import Iterable, Iterator, Mapping
 import pyarrow as pa
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
-from retryd.errors import RetrydError
+from retryd.errors import KafkaSetupError, RetrydError
+from retryd.kafka.clients import new_consumer, reader_config
 from retryd.pipeline.columns import BatchBuilder
 from retryd.pipeline.offsets import Bound, OffsetRange, clamp_range, split_range
 from retryd.pipeline.options import SourceOptions
@@ -33,20 +34,11 @@ class KafkaReadError(RetrydError):
 
 def range_consumer(conf: Mapping[str, str], **extra: object) -> Consumer:
     """A consumer for explicit ``assign()`` reads: no group membership, no commits."""
-    settings: dict[str, object] = {
-        "group.id": "retryd-spark-reader",
-        "fetch.wait.max.ms": 100,  # a range often ends at the log end: do not idle there
-        **conf,
-        "enable.auto.commit": False,
-        "enable.auto.offset.store": False,
-        "enable.partition.eof": True,
-        "auto.offset.reset": "earliest",
-        **extra,
-    }
+    settings = reader_config(conf, "spark", **extra)
     try:
-        return Consumer(settings)
-    except KafkaException as exc:
-        raise KafkaReadError(f"cannot create a Kafka consumer: {exc}") from exc
+        return new_consumer(settings)
+    except KafkaSetupError as exc:
+        raise KafkaReadError(str(exc)) from exc
 
 
 def _fmt(tps: Iterable[TP]) -> str:

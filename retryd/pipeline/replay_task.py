@@ -17,12 +17,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import Producer
-
+from retryd.kafka.clients import new_producer
 from retryd.replay.jobs import LEDGER_REFRESH_S, TokenBucket
 from retryd.replay.ledger import ReplayLedger
 from retryd.replay.records import FailedRecord
-from retryd.replay.replayer import producer_config, send_replay_copy
+from retryd.replay.replayer import replay_producer_config, send_replay_copy
 
 log = logging.getLogger(__name__)
 MAX_ERRORS = 20
@@ -46,7 +45,7 @@ class _Task:
         self.spec = spec
         self.by = f"spark@{socket.gethostname()}"
         self.ledger = ReplayLedger(spec.kafka_conf, spec.ledger_topic, timeout_s=spec.timeout_s)
-        self.producer = Producer(producer_config(spec.kafka_conf), logger=log)
+        self.producer = new_producer(replay_producer_config(dict(spec.kafka_conf)))
         self.bucket = TokenBucket(spec.rate_per_task)
         self.never = threading.Event()
         self.inflight = 0

@@ -19,11 +19,12 @@ from typing import Any
 
 from confluent_kafka import KafkaException, Producer
 
+from retryd.kafka.clients import new_producer
 from retryd.replay.errors import BrokerUnavailable, InvalidTarget, ReplayError, TargetRefused
 from retryd.replay.ledger import LedgerError, ReplayLedger
 from retryd.replay.ratelimit import TokenBucket
 from retryd.replay.records import FailedRecord, RecordFilter
-from retryd.replay.replayer import TargetPolicy, producer_config, send_replay_copy, who
+from retryd.replay.replayer import TargetPolicy, replay_producer_config, send_replay_copy, who
 from retryd.replay.scan import TopicScanner, to_record
 
 log = logging.getLogger(__name__)
@@ -136,7 +137,7 @@ class ReplayJob:
                 self._finish("cancelled", "cancelled before replaying")
                 return
             self._set(state="running")
-            producer = Producer(producer_config(self.common), logger=log)
+            producer = new_producer(replay_producer_config(self.common))
             self._replay(scanner, producer, start, REPLAYED)
         except (ReplayError, LedgerError, KafkaException) as exc:
             log.error("replay job %s failed: %s", self.id, exc)

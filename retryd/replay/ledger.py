@@ -54,9 +54,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import NewTopic
 
 from retryd.errors import RetrydError
+from retryd.kafka.clients import admin_config, new_admin, new_producer, producer_config
 from retryd.replay.errors import BrokerUnavailable
 from retryd.replay.records import Coord
 from retryd.replay.scan import TopicScanner
@@ -126,7 +127,7 @@ class ReplayLedger:
         """Create the ledger topic (1 partition, cleanup.policy=compact) if it is missing."""
         from retryd.kafka.topics import CLEANUP_POLICY, LEDGER_PARTITIONS
 
-        admin = AdminClient(dict(self.common), logger=log)
+        admin = new_admin(admin_config(self.common, "ledger"))
         try:
             existing = admin.list_topics(timeout=self.timeout_s).topics
         except KafkaException as exc:
@@ -192,16 +193,8 @@ class ReplayLedger:
     def _get_producer(self) -> Producer:
         with self._lock:
             if self._producer is None:
-                self._producer = Producer(
-                    {
-                        **self.common,
-                        "client.id": "retryd-ledger",
-                        "acks": "all",
-                        "enable.idempotence": True,
-                        "linger.ms": 2,
-                        "log_level": 3,
-                    },
-                    logger=log,
+                self._producer = new_producer(
+                    producer_config(self.common, "ledger", **{"linger.ms": 2, "log_level": 3})
                 )
             return self._producer
 

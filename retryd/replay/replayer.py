@@ -18,6 +18,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
 
 from retryd.errors import SequenceError
+from retryd.kafka.clients import new_consumer, new_producer, producer_config, reader_config
 from retryd.policy.headers import replay_headers
 from retryd.policy.sequence import validate_topic_name
 from retryd.replay.errors import (
@@ -29,25 +30,21 @@ from retryd.replay.errors import (
 )
 from retryd.replay.ledger import LedgerEntry, LedgerError, ReplayLedger
 from retryd.replay.records import FailedRecord
-from retryd.replay.scan import partitions_of, reader_config
+from retryd.replay.scan import partitions_of
 
 log = logging.getLogger(__name__)
 
 
+def replay_producer_config(common: dict[str, str]) -> dict[str, Any]:
+    """Replayed copies are keyed like the original (librdkafka's default partitioner unless
+    the user set one)."""
+    return producer_config(
+        common, "replay", partitioner=common.get("partitioner", "murmur2_random"), log_level=3
+    )
+
+
 def new_replay_id(prefix: str = "r") -> str:
     return f"{prefix}-{uuid.uuid4().hex[:16]}"
-
-
-def producer_config(common: dict[str, str]) -> dict[str, Any]:
-    return {
-        **common,
-        "client.id": "retryd-replay",
-        "acks": "all",
-        "enable.idempotence": True,
-        "linger.ms": 5,
-        "partitioner": common.get("partitioner", "murmur2_random"),
-        "log_level": 3,
-    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +102,7 @@ class TargetPolicy:
             if hit is not None and now - hit[0] < self.ttl_s:
                 return hit[1]
             if self._meta is None:  # a consumer: asking never auto-creates the topic
-                self._meta = Consumer(reader_config(self._common, "meta"), logger=log)
+                self._meta = new_consumer(reader_config(self._common, "meta"))
             meta = self._meta
         parts = partitions_of(meta, topic, timeout_s)
         count = len(parts) if parts is not None else None
@@ -161,7 +158,7 @@ class Replayer:
     def _get_producer(self) -> Producer:
         with self._lock:
             if self._producer is None:
-                self._producer = Producer(producer_config(self.common), logger=log)
+                self._producer = new_producer(replay_producer_config(self.common))
             return self._producer
 
     def replay(

@@ -11,12 +11,12 @@ import contextlib
 import logging
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
+from retryd.kafka.clients import new_consumer, reader_config
 from retryd.replay.errors import BrokerUnavailable
 from retryd.replay.records import FailedRecord
 
@@ -32,23 +32,6 @@ _FATAL_CODES = {
     KafkaError._UNKNOWN_PARTITION,
     KafkaError._UNKNOWN_TOPIC,
 }
-
-
-def reader_config(common: dict[str, str], purpose: str) -> dict[str, Any]:
-    """A consumer that never joins or commits for a group: assign() only."""
-    return {
-        **common,
-        "group.id": f"retryd-{purpose}-{uuid.uuid4().hex[:8]}",
-        "client.id": f"retryd-{purpose}",
-        "enable.auto.commit": False,
-        "enable.auto.offset.store": False,
-        "enable.partition.eof": True,
-        "auto.offset.reset": "earliest",
-        "fetch.wait.max.ms": 50,
-        "reconnect.backoff.ms": 100,
-        "reconnect.backoff.max.ms": 1000,
-        "log_level": 3,
-    }
 
 
 def partitions_of(client: Any, topic: str, timeout_s: float) -> list[int] | None:
@@ -91,7 +74,7 @@ class TopicScanner:
 
     def __init__(self, common: dict[str, str], topic: str, purpose: str = "reader") -> None:
         self.topic = topic
-        self.consumer = Consumer(reader_config(common, purpose), logger=log)
+        self.consumer = new_consumer(reader_config(common, purpose, **{"fetch.wait.max.ms": 50}))
         self.positions: dict[int, int] = {}
         self.last_scan_complete = False
         self.lock = threading.Lock()

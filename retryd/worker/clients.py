@@ -1,64 +1,39 @@
-"""librdkafka configuration for the worker's consumer and producer."""
+"""librdkafka configuration of the worker's consumer and producer (built by ``retryd.kafka``)."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from typing import Any
 
 from retryd.config import Role, Settings
-
-log = logging.getLogger(__name__)
-# librdkafka's own log lines, routed through Python logging (served from poll/consume).
-librdkafka_log = logging.getLogger("retryd.librdkafka")
-
-# Options the at-least-once design depends on: user pass-through cannot change them.
-_CONSUMER_FIXED = {
-    "enable.auto.offset.store": False,
-    "enable.partition.eof": True,
-    "partition.assignment.strategy": "cooperative-sticky",
-}
-_PRODUCER_FIXED = {"acks": "all", "enable.idempotence": True}
+from retryd.kafka.clients import common_config, group_consumer_config, producer_config
 
 
-def _merge(base: dict[str, Any], user: dict[str, str], fixed: dict[str, Any]) -> dict[str, Any]:
-    out = {**base, **user}
-    for key, value in fixed.items():
-        if key in user and str(user[key]).lower() != str(value).lower():
-            log.warning("ignoring kafka option %s=%s: retryd requires %s", key, user[key], value)
-        out[key] = value
-    return out
-
-
-def consumer_config(
+def worker_consumer_config(
     settings: Settings, role: Role, stats_cb: Callable[[str], None] | None = None
 ) -> dict[str, Any]:
-    base: dict[str, Any] = {
-        "bootstrap.servers": settings.bootstrap_servers,
-        "group.id": settings.group_id,
-        "client.id": f"retryd-{role.value}",
-        "enable.auto.commit": True,
-        "auto.commit.interval.ms": 1000,
-        "auto.offset.reset": "earliest",
+    """The worker's group consumer.
+
+    Main topics keep librdkafka's default prefetch whatever the role: the worker keeps
+    not-yet-due tier records in memory instead of seeking, so a large prefetch is not thrown
+    away on every due time. A tiers-only worker still uses ``tier_prefetch_kbytes``: when a
+    tier's in-memory tail is full the partition is paused, which discards its prefetched data.
+    """
+    tuning: dict[str, Any] = {
         "session.timeout.ms": settings.session_timeout_ms,
         "max.poll.interval.ms": settings.max_poll_interval_ms,
-        "logger": librdkafka_log,
     }
-    if role is not Role.MAIN:
-        # Tier partitions pause often and every seek re-fetches the queue: keep prefetch small.
-        base["queued.max.messages.kbytes"] = settings.tier_prefetch_kbytes
-        base["fetch.max.bytes"] = max(1024 * 1024, settings.tier_prefetch_kbytes * 1024)
+    if role is Role.TIERS:
+        tuning["queued.max.messages.kbytes"] = settings.tier_prefetch_kbytes
+        tuning["fetch.max.bytes"] = max(1024 * 1024, settings.tier_prefetch_kbytes * 1024)
     if stats_cb is not None:
-        base["statistics.interval.ms"] = 5000
-        base["stats_cb"] = stats_cb
-    return _merge(base, settings.kafka, _CONSUMER_FIXED)
+        tuning["statistics.interval.ms"] = 5000
+        tuning["stats_cb"] = stats_cb
+    return group_consumer_config(
+        common_config(settings), f"worker-{role.value}", settings.group_id, **tuning
+    )
 
 
-def producer_config(settings: Settings) -> dict[str, Any]:
-    base: dict[str, Any] = {
-        "bootstrap.servers": settings.bootstrap_servers,
-        "client.id": "retryd-router",
-        "linger.ms": 5,
-        "logger": librdkafka_log,
-    }
-    return _merge(base, settings.kafka, _PRODUCER_FIXED)
+def worker_producer_config(settings: Settings) -> dict[str, Any]:
+    """The router's producer: idempotent, acks=all (fixed), a short linger for batching."""
+    return producer_config(common_config(settings), "router", **{"linger.ms": 5})

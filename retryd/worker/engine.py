@@ -26,7 +26,7 @@ from retryd.policy.headers import Envelope, decode_tier_envelope, envelope_for_s
 from retryd.policy.routing import Route, route_failure, route_malformed
 from retryd.runtime.heartbeat import HeartbeatWriter
 from retryd.worker.book import PartitionBook
-from retryd.worker.clients import consumer_config, producer_config
+from retryd.worker.clients import worker_consumer_config, worker_producer_config
 from retryd.worker.partition import PartitionState, partition_lags
 from retryd.worker.router import Router
 from retryd.worker.schedule import TP
@@ -107,7 +107,7 @@ class Worker:
         self._joined = False
         self._closing = False
         self._idle_since: float | None = None
-        self._consumer = Consumer(consumer_config(settings, self.role, self._on_stats))
+        self._consumer = Consumer(worker_consumer_config(settings, self.role, self._on_stats))
         self._book = PartitionBook(self._consumer, self.tier_delays)
         self._router: Router | None = None
         self._total_partitions = 0
@@ -126,7 +126,7 @@ class Worker:
         try:
             counts = self._check_topics()
             self._total_partitions = sum(counts[t] for t in self.topics)
-            self._router = Router(producer_config(self.settings), counts)
+            self._router = Router(worker_producer_config(self.settings), counts)
             self._consumer.subscribe(
                 self.topics,
                 on_assign=self._on_assign,

@@ -24,12 +24,11 @@ QUICK_S = 10.0
 
 
 def _total_partitions(settings: Settings, role: Role) -> int:
-    from confluent_kafka.admin import AdminClient
-
+    from retryd.kafka.clients import admin_config, common_config, new_admin
     from retryd.worker.engine import topics_for_role
 
     topics = topics_for_role(settings, role)
-    md = AdminClient(dict(settings.kafka_common())).list_topics(timeout=10)
+    md = new_admin(admin_config(common_config(settings), "supervisor")).list_topics(timeout=10)
     return sum(len(md.topics[t].partitions) for t in topics if t in md.topics)
 
 

@@ -1,0 +1,96 @@
+"""librdkafka configuration: pass-through options reach every client; the design's fixed keys win;
+assign-only readers never use the worker's group."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from retryd.config import Role, load_settings
+from retryd.errors import KafkaSetupError
+from retryd.kafka.clients import (
+    admin_config,
+    common_config,
+    group_consumer_config,
+    new_consumer,
+    producer_config,
+    reader_config,
+)
+from retryd.worker.clients import worker_consumer_config, worker_producer_config
+
+
+def _settings(**kafka: str):  # type: ignore[no-untyped-def]
+    return load_settings(bootstrap_servers="b:9092", main_topics="orders", kafka=kafka)
+
+
+SASL = {
+    "security.protocol": "SASL_SSL",
+    "sasl.mechanism": "PLAIN",
+    "sasl.username": "u",
+    "sasl.password": "p",
+}
+
+
+def test_security_options_reach_every_client() -> None:
+    s = _settings(**SASL)
+    common = common_config(s)
+    confs = [
+        worker_consumer_config(s, Role.ALL),
+        worker_producer_config(s),
+        reader_config(common, "scan"),
+        producer_config(common, "replay"),
+        admin_config(common, "topics"),
+        group_consumer_config(common, "x", "grp"),
+    ]
+    for conf in confs:
+        assert conf["security.protocol"] == "SASL_SSL"
+        assert conf["sasl.password"] == "p"
+        assert conf["bootstrap.servers"] == "b:9092"
+        assert isinstance(conf["logger"], logging.Logger)
+
+
+def test_at_least_once_options_cannot_be_overridden(caplog: pytest.LogCaptureFixture) -> None:
+    s = _settings(
+        **{
+            "enable.auto.offset.store": "true",
+            "acks": "1",
+            "enable.idempotence": "false",
+            "linger.ms": "50",
+        }
+    )
+    c, p = worker_consumer_config(s, Role.MAIN), worker_producer_config(s)
+    assert c["enable.auto.offset.store"] is False
+    assert c["partition.assignment.strategy"] == "cooperative-sticky"
+    assert p["acks"] == "all" and p["enable.idempotence"] is True
+    assert p["linger.ms"] == "50"  # a tuning knob stays the user's
+    assert "ignoring kafka option acks=1" in caplog.text
+
+
+def test_readers_never_join_or_commit_for_the_worker_group() -> None:
+    s = _settings(**{"group.id": "retryd", "enable.auto.commit": "true"})
+    conf = reader_config(common_config(s), "scan")
+    assert conf["group.id"].startswith("retryd-scan-") and conf["group.id"] != "retryd"
+    assert conf["enable.auto.commit"] is False
+    assert reader_config({}, "scan")["group.id"] != conf["group.id"]  # unique per reader
+
+
+def test_worker_group_comes_from_settings_not_pass_through() -> None:
+    s = load_settings(main_topics="orders", group_id="mine", kafka={"group.id": "other"})
+    assert worker_consumer_config(s, Role.ALL)["group.id"] == "mine"
+
+
+def test_main_topics_keep_default_prefetch_whatever_the_role() -> None:
+    s = load_settings(main_topics="orders", tier_prefetch_kbytes=512)
+    assert "queued.max.messages.kbytes" not in worker_consumer_config(s, Role.MAIN)
+    assert "queued.max.messages.kbytes" not in worker_consumer_config(s, Role.ALL)
+    assert worker_consumer_config(s, Role.TIERS)["queued.max.messages.kbytes"] == 512
+
+
+def test_bad_option_is_a_clear_error_without_secrets() -> None:
+    conf = reader_config({"bootstrap.servers": "b:1", "sasl.password": "hunter2"}, "scan")
+    conf["no.such.option"] = "1"
+    with pytest.raises(KafkaSetupError) as info:
+        new_consumer(conf)
+    assert "no.such.option" in str(info.value)
+    assert "hunter2" not in str(info.value)
