@@ -7,7 +7,15 @@ class RetrydError(Exception):
     """Base of every error retryd raises on purpose."""
 
 
-class ConfigError(RetrydError):
+class SetupError(RetrydError):
+    """The worker cannot start as configured: restarting it changes nothing (exit 4)."""
+
+
+class RuntimeFault(RetrydError):
+    """Something went wrong while running; a restart (with backoff) is the remedy."""
+
+
+class ConfigError(SetupError):
     """A setting is invalid; ``problems`` holds one readable line per problem."""
 
     def __init__(self, problems: list[str]) -> None:
@@ -26,16 +34,25 @@ class HeaderError(RetrydError):
     """A retryd header is missing or unparsable (the message is dead-lettered as malformed)."""
 
 
-class HandlerLoadError(RetrydError):
+class HandlerLoadError(SetupError):
     """The handler spec does not point at something callable or reachable."""
 
 
-class KafkaSetupError(RetrydError):
-    """The cluster cannot be reached or topics are missing / mis-sized."""
+class KafkaSetupError(SetupError):
+    """Topics are missing or mis-sized, or a client cannot be configured."""
 
 
-class DeliveryError(RetrydError):
+class KafkaRuntimeError(RuntimeFault):
+    """The cluster cannot be reached, or a client hit a fatal error while running."""
+
+
+class DeliveryError(RuntimeFault):
     """A routed copy could not be delivered; its input offset stays uncommitted."""
+
+
+class HungHandlersError(RuntimeFault):
+    """More handler calls are hung past their timeout than ``max_abandoned_handlers``: only a
+    new process frees their threads."""
 
 
 class BrokerStartError(RetrydError):

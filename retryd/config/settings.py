@@ -43,6 +43,15 @@ class Role(enum.StrEnum):
     TIERS = "tiers"
 
 
+class Ordering(enum.StrEnum):
+    """Which handler calls may overlap: same key (per partition) never, same partition never,
+    or any."""
+
+    KEY = "key"
+    PARTITION = "partition"
+    NONE = "none"
+
+
 def redact_kafka(options: Mapping[str, Any]) -> dict[str, Any]:
     """librdkafka options safe to log: secret-looking values replaced."""
     return {k: ("***" if _SECRET_KEY_RE.search(k) else v) for k, v in options.items()}
@@ -98,6 +107,11 @@ class Settings(BaseSettings):
     role: Role = Role.ALL
     processes: int = Field(default=1, ge=1, le=256)
     batch_size: int = Field(default=500, ge=1, le=100_000)
+    max_in_flight: int = Field(default=16, ge=1, le=4096)
+    ordering: Ordering = Ordering.KEY
+    partition_buffer: int = Field(default=1000, ge=1, le=1_000_000)
+    buffer_bytes: int = Field(default=64 * 1024 * 1024, ge=64 * 1024)
+    shutdown_timeout_s: float = Field(default=20.0, gt=0, le=3600)
     session_timeout_ms: int = Field(default=45_000, ge=1_000)
     max_poll_interval_ms: int = Field(default=300_000, ge=1_000)
     poll_timeout_s: float = Field(default=0.5, gt=0, le=10)

@@ -1,77 +1,167 @@
-"""What a handler receives and the interface every handler kind implements."""
+"""What a handler receives, and the two shapes of handler adapter the worker can drive.
+
+``Message`` is a light view: over a consumed record it reads key, value, headers and timestamp
+from the client's message object only when business code asks for them, so a handler that
+looks at two fields does not pay for eleven. Built from fields (replays, tests, the HTTP
+adapter's own tests) it simply holds them.
+"""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
-from typing import Protocol
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
 
 from retryd.policy.classify import HandlerResult
 
+Headers = list[tuple[str, bytes | None]]
 
-@dataclass(frozen=True, slots=True)
+
 class Message:
     """A Kafka record as handed to business code.
 
     ``topic/partition/offset`` are where this copy was consumed (a main topic or a tier);
-    ``original_*`` are where the message first entered retryd.
+    ``original_*`` are where the message first entered retryd; ``retry_number`` is how many
+    retries this copy has had scheduled (0 on a main topic).
     """
 
-    key: bytes | None
-    value: bytes | None
-    headers: list[tuple[str, bytes | None]] = field(default_factory=list)
-    topic: str = ""
-    partition: int = 0
-    offset: int = 0
-    timestamp: int = 0
-    retry_number: int = 0
-    original_topic: str = ""
-    original_partition: int = 0
-    original_offset: int = 0
+    __slots__ = (
+        "_env",
+        "_fields",
+        "_raw",
+        "offset",
+        "partition",
+        "topic",
+    )
+
+    def __init__(
+        self,
+        key: bytes | None = None,
+        value: bytes | None = None,
+        headers: Sequence[tuple[str, bytes | None]] | None = None,
+        topic: str = "",
+        partition: int = 0,
+        offset: int = 0,
+        timestamp: int = 0,
+        retry_number: int = 0,
+        original_topic: str = "",
+        original_partition: int = 0,
+        original_offset: int = 0,
+    ) -> None:
+        self._raw: Any = None
+        self._env: Any = None
+        self._fields: tuple[Any, ...] = (
+            key,
+            value,
+            list(headers or ()),
+            timestamp,
+            retry_number,
+            original_topic or topic,
+            original_partition,
+            original_offset,
+        )
+        self.topic = topic
+        self.partition = partition
+        self.offset = offset
+
+    # The worker builds views with ``Message.__new__`` and sets the slots directly (see
+    # ``retryd.worker.intake``): a constructor call with keyword defaults costs more than the
+    # rest of the per-message work.
+
+    @property
+    def key(self) -> bytes | None:
+        raw = self._raw
+        return raw.key() if raw is not None else self._fields[0]
+
+    @property
+    def value(self) -> bytes | None:
+        raw = self._raw
+        return raw.value() if raw is not None else self._fields[1]
+
+    @property
+    def headers(self) -> Headers:
+        raw = self._raw
+        if raw is not None:
+            return raw.headers() or []
+        return self._fields[2]
+
+    @property
+    def timestamp(self) -> int:
+        raw = self._raw
+        if raw is not None:
+            return raw.timestamp()[1]
+        return self._fields[3]
+
+    @property
+    def retry_number(self) -> int:
+        if self._raw is not None:
+            env = self._env
+            return env.retry_number if env is not None else 0
+        return self._fields[4]
+
+    @property
+    def original_topic(self) -> str:
+        if self._raw is not None:
+            env = self._env
+            return env.original_topic if env is not None else self.topic
+        return self._fields[5]
+
+    @property
+    def original_partition(self) -> int:
+        if self._raw is not None:
+            env = self._env
+            return env.original_partition if env is not None else self.partition
+        return self._fields[6]
+
+    @property
+    def original_offset(self) -> int:
+        if self._raw is not None:
+            env = self._env
+            return env.original_offset if env is not None else self.offset
+        return self._fields[7]
 
     def header(self, name: str) -> bytes | None:
+        """Last value of header ``name`` (Kafka allows repeats; the last one wins), or None."""
         found = None
         for key, value in self.headers:
             if key == name:
                 found = value
         return found
 
+    @property
+    def where(self) -> str:
+        """``topic[partition]@offset``, for log lines."""
+        return f"{self.topic}[{self.partition}]@{self.offset}"
 
-class Handler(Protocol):
-    """Calls business code. Never raises for business failures: returns a HandlerResult.
+    def __repr__(self) -> str:
+        return f"Message({self.where}, retry_number={self.retry_number})"
 
-    ``HandlerShutdown`` may escape when business code asked the process to exit.
-    """
 
-    def __call__(self, message: Message) -> HandlerResult: ...
+@runtime_checkable
+class SyncHandler(Protocol):
+    """Calls blocking business code on a pool thread. ``call`` never raises: every outcome,
+    exceptions of any kind included, is a ``HandlerResult``. The pool enforces the timeout."""
 
-    def call_many(
-        self, messages: Sequence[Message], cancel: Callable[[], bool] = ...
-    ) -> Iterator[tuple[HandlerResult, float]]:
-        """(result, seconds) in order; stops early, after the calls already started, once
-        ``cancel()`` is true."""
-        ...
+    timeout_s: float
+
+    def call(self, message: Message) -> HandlerResult: ...
 
     def close(self) -> None: ...
 
-    @property
-    def abandoned(self) -> int:
-        """Calls that timed out and are still running somewhere (hung business code)."""
-        ...
+
+@runtime_checkable
+class AsyncHandler(Protocol):
+    """Calls business code (or an HTTP endpoint) on the worker's event loop. ``acall`` never
+    raises except ``asyncio.CancelledError`` when its timeout cancels it."""
+
+    timeout_s: float
+
+    async def acall(self, message: Message) -> HandlerResult: ...
+
+    async def aclose(self) -> None: ...
 
 
-class HandlerShutdown(Exception):
-    """Business code raised KeyboardInterrupt/SystemExit: stop the worker, do not ack."""
+Handler = SyncHandler | AsyncHandler
 
 
-def call_sequentially(
-    handler: Handler, messages: Sequence[Message], cancel: Callable[[], bool]
-) -> Iterator[tuple[HandlerResult, float]]:
-    """``call_many`` for handlers with nothing to gain from batching (one call at a time)."""
-    for message in messages:
-        if cancel():
-            return
-        started = time.perf_counter()
-        result = handler(message)
-        yield result, time.perf_counter() - started
+def is_async_handler(handler: Handler) -> bool:
+    return hasattr(handler, "acall")

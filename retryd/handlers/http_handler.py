@@ -1,14 +1,23 @@
 """Sidecar mode: POST each message to an HTTP endpoint and classify the response.
 
+Calls run concurrently on the worker's event loop (``aiohttp``), over a keep-alive connection
+pool sized to ``max_in_flight``: with latency L the process serves up to max_in_flight / L
+calls per second instead of 1 / L.
+
 Request
 -------
-* Body: the record value byte for byte (empty body when the value is null),
-  ``Content-Type: application/octet-stream``.
+* Body: the record value byte for byte, ``Content-Type: application/octet-stream``. A null
+  value sends an empty body *and* ``X-Retryd-Value-Null: true``, so a tombstone and an empty
+  value are told apart.
 * ``X-Retryd-Topic``, ``X-Retryd-Partition``, ``X-Retryd-Offset``: where this copy was consumed.
 * ``X-Retryd-Key``: the record key, standard base64 (empty string for an empty key; the
   header is absent when the key is null).
 * ``X-Retryd-Retry-Number``: retries scheduled so far (0 on a main topic).
 * ``X-Retryd-Original-Topic``: where the message first entered retryd.
+
+Every HTTP header value retryd sends is printable ASCII, whatever the record carries: values
+that are not (a hostile ``retryd_original_topic``, say) are percent-encoded, so no record can
+make the request itself fail.
 
 Kafka headers
 -------------
@@ -30,28 +39,27 @@ Response
 --------
 ``classify_http``: 2xx success; 408, 429, 5xx retry; other 4xx dead; 3xx retry (redirects are
 not followed); a JSON body ``{"status": "SUCCESS|RETRY|DROP|DEAD"}`` overrides the code. At most
-``MAX_RESPONSE_BYTES`` of the body are read. A timeout (connect, write, read, pool, or the whole
-response not read within ``timeout_s``) is ``timeout``; any other transport failure is a
-retryable ``connection_error``. Business failures never raise.
+``MAX_RESPONSE_BYTES`` of the body are read. A timeout is ``timeout``; any other transport
+failure is a retryable ``connection_error``. Nothing raises: the adapter turns every failure,
+its own included, into a result.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import json
 import logging
 import re
-import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import quote, urlsplit, urlunsplit
 
-import httpx
+import aiohttp
 
-from retryd.handlers.base import Message, call_sequentially
-from retryd.handlers.python_handler import where
+from retryd.handlers.base import Message
 from retryd.policy.classify import HandlerResult, Outcome, classify_http, timeout_result
 
 logger = logging.getLogger(__name__)
@@ -59,7 +67,9 @@ logger = logging.getLogger(__name__)
 MAX_RESPONSE_BYTES = 64 * 1024
 KAFKA_HEADER_PREFIX = "X-Kafka-"
 HEADERS_B64 = "X-Retryd-Headers-B64"
+VALUE_NULL = "X-Retryd-Value-Null"
 CONNECTION_ERROR_CLASS = "connection_error"
+REQUEST_ERROR_CLASS = "http_request_error"
 
 _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]*")
 
@@ -145,102 +155,126 @@ def decode_kafka_headers(http_headers: Mapping[str, str]) -> list[tuple[str, byt
     return out
 
 
+def _ascii(value: str) -> str:
+    """A header value that is printable ASCII whatever ``value`` holds (percent-encoded)."""
+    if value.isascii() and value.isprintable():
+        return value
+    return quote(value, safe="", errors="replace")
+
+
 def request_headers(message: Message) -> list[tuple[str, str]]:
-    """All HTTP headers for one message (see the module docstring)."""
+    """All HTTP headers for one message (see the module docstring); every value printable
+    ASCII."""
+    topic = message.topic
     headers = [
         ("Content-Type", "application/octet-stream"),
-        ("X-Retryd-Topic", message.topic),
+        ("X-Retryd-Topic", _ascii(topic)),
         ("X-Retryd-Partition", str(message.partition)),
         ("X-Retryd-Offset", str(message.offset)),
         ("X-Retryd-Retry-Number", str(message.retry_number)),
-        ("X-Retryd-Original-Topic", message.original_topic or message.topic),
+        ("X-Retryd-Original-Topic", _ascii(message.original_topic or topic)),
     ]
-    if message.key is not None:
-        headers.append(("X-Retryd-Key", base64.b64encode(message.key).decode("ascii")))
+    key = message.key
+    if key is not None:
+        headers.append(("X-Retryd-Key", base64.b64encode(key).decode("ascii")))
+    if message.value is None:
+        headers.append((VALUE_NULL, "true"))
     headers.extend(encode_kafka_headers(message.headers))
     return headers
 
 
-class HttpHandler:
-    """Handler for ``http(s)://`` specs: one pooled ``httpx.Client``, thread-safe."""
+async def _read_capped(response: aiohttp.ClientResponse) -> bytes:
+    """Up to MAX_RESPONSE_BYTES of the body (the rest is never read)."""
+    chunks: list[bytes] = []
+    size = 0
+    while size < MAX_RESPONSE_BYTES:
+        chunk = await response.content.read(MAX_RESPONSE_BYTES - size)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
 
-    def __init__(self, url: str, *, timeout_s: float) -> None:
+
+class HttpHandler:
+    """Handler for ``http(s)://`` specs: an ``AsyncHandler`` with one pooled client session
+    per event loop."""
+
+    def __init__(self, url: str, *, timeout_s: float, max_connections: int = 16) -> None:
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
         self._url = url
         self._shown_url = redact_url(url)
-        self._timeout_s = float(timeout_s)
-        self._client = httpx.Client(timeout=httpx.Timeout(self._timeout_s), follow_redirects=False)
-
-    @property
-    def abandoned(self) -> int:
-        return 0  # httpx enforces the timeouts itself; nothing is ever left running
-
-    @property
-    def timeout_s(self) -> float:
-        return self._timeout_s
+        self.timeout_s = float(timeout_s)
+        self.max_connections = max(1, int(max_connections))
+        self._session: aiohttp.ClientSession | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def url(self) -> str:
         """The endpoint with credentials and query redacted."""
         return self._shown_url
 
-    def __call__(self, message: Message) -> HandlerResult:
-        deadline = time.monotonic() + self._timeout_s
-        try:
-            with self._client.stream(
-                "POST",
-                self._url,
-                content=message.value or b"",
-                headers=request_headers(message),
-            ) as response:
-                body = self._read_capped(response, deadline)
-                if body is None:
-                    return self._timed_out(message)
-                status = response.status_code
-                content_type = response.headers.get("content-type")
-        except httpx.TimeoutException:
-            return self._timed_out(message)
-        except httpx.HTTPError as exc:
-            logger.debug("%s: POST %s failed: %r", where(message), self._shown_url, exc)
-            return HandlerResult(
-                Outcome.RETRY, CONNECTION_ERROR_CLASS, f"{type(exc).__name__}: {exc}"
+    def _client(self) -> aiohttp.ClientSession:
+        loop = asyncio.get_running_loop()
+        if self._session is None or self._loop is not loop or self._session.closed:
+            # A new loop (the worker replaced a stuck one): a session belongs to one loop.
+            self._loop = loop
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(
+                    limit=self.max_connections, limit_per_host=self.max_connections
+                ),
+                timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+                auto_decompress=False,
             )
-        result = classify_http(status, body, content_type)
+        return self._session
+
+    async def acall(self, message: Message) -> HandlerResult:
+        try:
+            headers = request_headers(message)
+            body = message.value or b""
+            session = self._client()
+            async with session.post(
+                self._url, data=body, headers=headers, allow_redirects=False
+            ) as response:
+                payload = await _read_capped(response)
+                status = response.status
+                content_type = response.headers.get("Content-Type")
+        except asyncio.CancelledError:
+            raise
+        except TimeoutError:
+            logger.debug(
+                "%s: POST %s timed out after %gs", message.where, self._shown_url, self.timeout_s
+            )
+            return timeout_result(self.timeout_s)
+        except aiohttp.ClientError as exc:
+            logger.debug("%s: POST %s failed: %r", message.where, self._shown_url, exc)
+            return HandlerResult(
+                Outcome.RETRY, CONNECTION_ERROR_CLASS, f"{type(exc).__name__}: {exc}"[:512]
+            )
+        except Exception as exc:  # anything else in building or sending the request
+            logger.warning(
+                "%s: could not POST to %s: %s: %s",
+                message.where,
+                self._shown_url,
+                type(exc).__name__,
+                exc,
+            )
+            return HandlerResult(
+                Outcome.RETRY, REQUEST_ERROR_CLASS, f"{type(exc).__name__}: {exc}"[:512]
+            )
+        result = classify_http(status, payload, content_type)
         if result.outcome is not Outcome.SUCCESS:
             logger.debug(
                 "%s: POST %s answered %d -> %s",
-                where(message),
+                message.where,
                 self._shown_url,
                 status,
                 result.outcome.value,
             )
         return result
 
-    @staticmethod
-    def _read_capped(response: httpx.Response, deadline: float) -> bytes | None:
-        """Up to MAX_RESPONSE_BYTES of the body; None if the deadline passed while reading."""
-        chunks: list[bytes] = []
-        size = 0
-        for chunk in response.iter_bytes():
-            if time.monotonic() > deadline:
-                return None
-            chunks.append(chunk)
-            size += len(chunk)
-            if size >= MAX_RESPONSE_BYTES:
-                break
-        return b"".join(chunks)[:MAX_RESPONSE_BYTES]
-
-    def _timed_out(self, message: Message) -> HandlerResult:
-        logger.debug(
-            "%s: POST %s timed out after %gs", where(message), self._shown_url, self._timeout_s
-        )
-        return timeout_result(self._timeout_s)
-
-    def call_many(
-        self, messages: Sequence[Message], cancel: Callable[[], bool] = lambda: False
-    ) -> Iterator[tuple[HandlerResult, float]]:
-        return call_sequentially(self, messages, cancel)
-
-    def close(self) -> None:
-        self._client.close()
+    async def aclose(self) -> None:
+        session, self._session = self._session, None
+        if session is not None and not session.closed:
+            await session.close()

@@ -11,7 +11,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-import httpx
+from yarl import URL
 
 from retryd.errors import HandlerLoadError
 from retryd.handlers.base import Handler
@@ -24,8 +24,17 @@ _PYTHON_SPEC = re.compile(
 )
 
 
-def load_handler(spec: str, *, timeout_s: float, non_retryable: Sequence[str] = ()) -> Handler:
-    """Build the handler for ``spec``; raises ``HandlerLoadError`` if it cannot work."""
+def load_handler(
+    spec: str,
+    *,
+    timeout_s: float,
+    non_retryable: Sequence[str] = (),
+    max_in_flight: int = 16,
+) -> Handler:
+    """Build the handler for ``spec``; raises ``HandlerLoadError`` if it cannot work.
+
+    ``max_in_flight`` sizes the HTTP connection pool (one connection per call in flight).
+    """
     if not timeout_s > 0:
         raise HandlerLoadError(f"handler timeout must be > 0 seconds, got {timeout_s!r}")
     spec = spec.strip()
@@ -38,7 +47,7 @@ def load_handler(spec: str, *, timeout_s: float, non_retryable: Sequence[str] = 
             name=spec.removeprefix("python:"),
         )
     if spec.lower().startswith(("http://", "https://")):
-        return _http_handler(spec, timeout_s)
+        return _http_handler(spec, timeout_s, max_in_flight)
     shown = redact_url(spec) if "://" in spec else spec
     raise HandlerLoadError(
         f"unknown handler spec {shown!r}: expected 'python:package.module:function' "
@@ -76,13 +85,14 @@ def _import_callable(spec: str) -> Any:
     return target
 
 
-def _http_handler(spec: str, timeout_s: float) -> HttpHandler:
+def _http_handler(spec: str, timeout_s: float, max_in_flight: int) -> HttpHandler:
     try:
-        url = httpx.URL(spec)
-    except (httpx.InvalidURL, ValueError, TypeError) as exc:
+        url = URL(spec)
+        url.raw_host  # noqa: B018 - parsing the authority may raise
+    except (ValueError, TypeError) as exc:
         raise HandlerLoadError(f"bad handler URL {redact_url(spec)!r}: {exc}") from exc
     if url.scheme not in ("http", "https") or not url.host:
         raise HandlerLoadError(
             f"bad handler URL {redact_url(spec)!r}: needs http(s)://host[:port]/path"
         )
-    return HttpHandler(str(url), timeout_s=timeout_s)
+    return HttpHandler(str(url), timeout_s=timeout_s, max_connections=max_in_flight)

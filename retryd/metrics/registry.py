@@ -6,14 +6,11 @@ Worker processes and the sidecar aggregate through prometheus-client's multiproc
 
 from __future__ import annotations
 
-from typing import Any
-
 from prometheus_client import Counter, Gauge, Histogram
 
 from retryd import __version__
-
-_LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
-_LATENESS_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
+from retryd.metrics.buckets import LATENCY_BUCKETS as _LATENCY_BUCKETS
+from retryd.metrics.buckets import LATENESS_BUCKETS as _LATENESS_BUCKETS
 
 MESSAGES = Counter("retryd_messages", "Messages by topic and outcome", ["topic", "outcome"])
 DEAD_LETTERS = Counter("retryd_dead_letters", "Messages dead-lettered, by reason", ["reason"])
@@ -28,7 +25,7 @@ DUE_LATENESS = Histogram(
 )
 PAUSED_PARTITIONS = Gauge(
     "retryd_paused_partitions",
-    "Partitions paused waiting for a due time",
+    "Partitions paused (waiting for due times, or a full buffer)",
     ["topic"],
     multiprocess_mode="livesum",
 )
@@ -39,37 +36,18 @@ CONSUMER_LAG = Gauge(
     multiprocess_mode="livemax",
 )
 REBALANCES = Counter("retryd_rebalances", "Rebalance events by kind", ["kind"])
+HANDLER_INFLIGHT = Gauge(
+    "retryd_handler_inflight", "Handler calls in flight", multiprocess_mode="livesum"
+)
+ABANDONED = Counter(
+    "retryd_abandoned_handlers", "Handler calls abandoned after their timeout (hung business code)"
+)
+SKIPPED = Counter(
+    "retryd_skipped", "Tier records not handled here, by reason (e.g. other_group)", ["reason"]
+)
 REPLAYED = Counter("retryd_replayed", "Replayed failed records by status", ["status"])
 BUILD_INFO = Gauge("retryd_build_info", "retryd version", ["version"], multiprocess_mode="livemax")
 
 
 def mark_build_info() -> None:
     BUILD_INFO.labels(version=__version__).set(1)
-
-
-class HotPath:
-    """Label children cached by label values: ``labels()`` costs microseconds per call, too much
-    to pay several times per message."""
-
-    def __init__(self) -> None:
-        self._messages: dict[tuple[str, str], Any] = {}
-        self._duration: dict[str, Any] = {}
-        self._lateness: dict[str, Any] = {}
-
-    def message(self, topic: str, outcome: str) -> None:
-        child = self._messages.get((topic, outcome))
-        if child is None:
-            child = self._messages[(topic, outcome)] = MESSAGES.labels(topic=topic, outcome=outcome)
-        child.inc()
-
-    def handler_seconds(self, topic: str, seconds: float) -> None:
-        child = self._duration.get(topic)
-        if child is None:
-            child = self._duration[topic] = HANDLER_DURATION.labels(topic=topic)
-        child.observe(seconds)
-
-    def lateness_seconds(self, topic: str, seconds: float) -> None:
-        child = self._lateness.get(topic)
-        if child is None:
-            child = self._lateness[topic] = DUE_LATENESS.labels(topic=topic)
-        child.observe(seconds)

@@ -47,14 +47,37 @@ def _names(cls: type) -> set[str]:
     return out
 
 
+class Classifier:
+    """``classify_exception`` with the per-type work (MRO names, class name) cached: a handler
+    that fails a million times fails with a handful of exception types."""
+
+    __slots__ = ("_cache", "_non_retryable")
+
+    MAX_TYPES = 1024  # exception types are code, not data; the bound only guards odd handlers
+
+    def __init__(self, non_retryable: Iterable[str] = ()) -> None:
+        self._non_retryable = frozenset(non_retryable)
+        self._cache: dict[type, tuple[Outcome, str]] = {}
+
+    def __call__(self, exc: BaseException) -> HandlerResult:
+        cls = type(exc)
+        hit = self._cache.get(cls)
+        if hit is None:
+            dead = issubclass(cls, NonRetryableError) or bool(_names(cls) & self._non_retryable)
+            hit = (Outcome.DEAD if dead else Outcome.RETRY, error_class_name(exc))
+            if len(self._cache) < self.MAX_TYPES:
+                self._cache[cls] = hit
+        try:
+            message = str(exc) or repr(exc)
+        except Exception:  # a broken __str__ in business code must not escape
+            message = f"<{hit[1]} with an unprintable message>"
+        return HandlerResult(hit[0], hit[1], message)
+
+
 def classify_exception(exc: BaseException, non_retryable: Iterable[str] = ()) -> HandlerResult:
     """Non-retryable if the exception (or a base class) is ``NonRetryableError`` or is named in
     ``non_retryable`` (simple or dotted name); retry otherwise."""
-    message = str(exc) or repr(exc)
-    name = error_class_name(exc)
-    if isinstance(exc, NonRetryableError) or _names(type(exc)) & set(non_retryable):
-        return HandlerResult(Outcome.DEAD, name, message)
-    return HandlerResult(Outcome.RETRY, name, message)
+    return Classifier(non_retryable)(exc)
 
 
 def timeout_result(seconds: float) -> HandlerResult:

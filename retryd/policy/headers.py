@@ -7,9 +7,10 @@ All values are UTF-8 text; numbers are decimal ASCII.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 
 from retryd.errors import HeaderError
+from retryd.policy.sequence import is_topic_name
 
 RETRY_NUMBER = "retry_number"
 RETRY_TIMESTAMP = "retry_timestamp"
@@ -21,10 +22,13 @@ FIRST_FAILURE_TIMESTAMP = "retryd_first_failure_timestamp"
 ERROR_CLASS = "retryd_error_class"
 ERROR_MESSAGE = "retryd_error_message"
 DEAD_REASON = "retryd_dead_reason"
+GROUP = "retryd_group"
 REPLAY_ID = "retryd_replay_id"
 REPLAYED_FROM = "retryd_replayed_from"
 
 ERROR_MESSAGE_MAX_BYTES = 512
+ERROR_CLASS_MAX_BYTES = 256
+_FIXED_NAMES = frozenset({"retry_number", "retry_timestamp"})
 
 DEAD_EXHAUSTED = "exhausted"
 DEAD_NON_RETRYABLE = "non_retryable"
@@ -35,7 +39,7 @@ Headers = list[tuple[str, bytes | None]]
 
 
 def is_retryd_header(name: str) -> bool:
-    return name in (RETRY_NUMBER, RETRY_TIMESTAMP) or name.startswith("retryd_")
+    return name in _FIXED_NAMES or name.startswith("retryd_")
 
 
 def header_value(
@@ -53,7 +57,7 @@ def user_headers(headers: Iterable[tuple[str, bytes | str | None]] | None) -> He
     """Headers that belong to the application, in their original order."""
     out: Headers = []
     for key, value in headers or ():
-        if not is_retryd_header(key):
+        if key not in _FIXED_NAMES and not key.startswith("retryd_"):
             out.append((key, value.encode() if isinstance(value, str) else value))
     return out
 
@@ -80,6 +84,7 @@ class Envelope:
     error_class: str | None = None
     error_message: str | None = None
     dead_reason: str | None = None
+    group: str | None = None  # the consumer group that routed this copy
 
     def failed_again(
         self,
@@ -90,15 +95,21 @@ class Envelope:
         error_class: str,
         error_message: str,
         dead_reason: str | None = None,
+        group: str | None = None,
     ) -> Envelope:
-        return replace(
-            self,
-            retry_number=retry_number,
-            retry_timestamp=due_ms,
-            first_failure_timestamp=self.first_failure_timestamp or now_ms,
-            error_class=error_class,
-            error_message=error_message,
-            dead_reason=dead_reason,
+        # Positional construction: dataclasses.replace costs several times more, per failure.
+        return Envelope(
+            self.original_topic,
+            self.original_partition,
+            self.original_offset,
+            self.original_timestamp,
+            retry_number,
+            due_ms,
+            self.first_failure_timestamp or now_ms,
+            error_class,
+            error_message,
+            dead_reason,
+            group if group is not None else self.group,
         )
 
 
@@ -107,10 +118,17 @@ def envelope_for_source(topic: str, partition: int, offset: int, timestamp: int)
     return Envelope(topic, partition, offset, timestamp)
 
 
-def _text(
-    headers: Sequence[tuple[str, bytes | None]] | None, name: str, *, required: bool
-) -> str | None:
-    raw = header_value(headers, name)
+def retryd_headers(headers: Iterable[tuple[str, bytes | None]] | None) -> dict[str, bytes | None]:
+    """The retryd headers of a record in one pass (the last of a repeated name wins)."""
+    out: dict[str, bytes | None] = {}
+    for key, value in headers or ():
+        if key in _FIXED_NAMES or key.startswith("retryd_"):
+            out[key] = value
+    return out
+
+
+def _text(found: dict[str, bytes | None], name: str, *, required: bool) -> str | None:
+    raw = found.get(name)
     if raw is None:
         if required:
             raise HeaderError(f"header {name} is missing")
@@ -121,61 +139,82 @@ def _text(
         raise HeaderError(f"header {name} is not valid UTF-8") from exc
 
 
-def _int(
-    headers: Sequence[tuple[str, bytes | None]] | None, name: str, *, required: bool
-) -> int | None:
-    text = _text(headers, name, required=required)
+def _int(found: dict[str, bytes | None], name: str, *, required: bool) -> int | None:
+    text = _text(found, name, required=required)
     if text is None:
         return None
-    if not text.isascii() or not text.isdigit():
+    if not text.isascii() or not text.isdigit() or len(text) > 19:
         raise HeaderError(f"header {name}={text[:40]!r} is not a non-negative decimal integer")
     return int(text)
 
 
 def decode_tier_envelope(headers: Sequence[tuple[str, bytes | None]] | None) -> Envelope:
-    """Strictly decode a tier message's envelope; raises HeaderError when unusable."""
-    retry_number = _int(headers, RETRY_NUMBER, required=True)
+    """Strictly decode a tier message's envelope; raises HeaderError when unusable.
+
+    ``retryd_original_topic`` must be a valid Kafka topic name: it is echoed to HTTP handlers
+    and used as a metric-free routing fact, so anything else (non-ASCII text, control bytes)
+    makes the record malformed rather than reaching a handler.
+    """
+    found = retryd_headers(headers)
+    retry_number = _int(found, RETRY_NUMBER, required=True)
     assert retry_number is not None
     if retry_number < 1:
         raise HeaderError(f"header {RETRY_NUMBER}={retry_number} must be >= 1 on a tier message")
-    topic = _text(headers, ORIGINAL_TOPIC, required=True)
-    partition = _int(headers, ORIGINAL_PARTITION, required=True)
-    offset = _int(headers, ORIGINAL_OFFSET, required=True)
+    topic = _text(found, ORIGINAL_TOPIC, required=True)
+    partition = _int(found, ORIGINAL_PARTITION, required=True)
+    offset = _int(found, ORIGINAL_OFFSET, required=True)
     assert topic is not None and partition is not None and offset is not None
     if not topic:
         raise HeaderError(f"header {ORIGINAL_TOPIC} is empty")
+    if not is_topic_name(topic):
+        raise HeaderError(f"header {ORIGINAL_TOPIC}={topic[:60]!r} is not a Kafka topic name")
     return Envelope(
-        original_topic=topic,
-        original_partition=partition,
-        original_offset=offset,
-        original_timestamp=_int(headers, ORIGINAL_TIMESTAMP, required=False) or 0,
-        retry_number=retry_number,
-        retry_timestamp=_int(headers, RETRY_TIMESTAMP, required=True),
-        first_failure_timestamp=_int(headers, FIRST_FAILURE_TIMESTAMP, required=False),
-        error_class=_text(headers, ERROR_CLASS, required=False),
-        error_message=_text(headers, ERROR_MESSAGE, required=False),
+        topic,
+        partition,
+        offset,
+        _int(found, ORIGINAL_TIMESTAMP, required=False) or 0,
+        retry_number,
+        _int(found, RETRY_TIMESTAMP, required=True),
+        _int(found, FIRST_FAILURE_TIMESTAMP, required=False),
+        _text(found, ERROR_CLASS, required=False),
+        _text(found, ERROR_MESSAGE, required=False),
+        None,
+        _group(found),
     )
+
+
+def _group(found: dict[str, bytes | None]) -> str | None:
+    """The routing group; an undecodable value is a foreign group, never a crash."""
+    raw = found.get(GROUP)
+    if raw is None:
+        return None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return raw.decode("utf-8", errors="replace")
 
 
 def encode_envelope(env: Envelope) -> Headers:
     """retryd headers for a routed copy (tier or failed topic)."""
-    out: Headers = []
-
-    def put(name: str, value: object) -> None:
-        if value is not None:
-            out.append((name, str(value).encode("utf-8")))
-
-    put(RETRY_NUMBER, env.retry_number)
-    put(RETRY_TIMESTAMP, env.retry_timestamp)
-    put(ORIGINAL_TOPIC, env.original_topic)
-    put(ORIGINAL_PARTITION, env.original_partition)
-    put(ORIGINAL_OFFSET, env.original_offset)
-    put(ORIGINAL_TIMESTAMP, env.original_timestamp)
-    put(FIRST_FAILURE_TIMESTAMP, env.first_failure_timestamp)
-    put(ERROR_CLASS, env.error_class)
+    out: Headers = [
+        (RETRY_NUMBER, b"%d" % env.retry_number),
+    ]
+    if env.retry_timestamp is not None:
+        out.append((RETRY_TIMESTAMP, b"%d" % env.retry_timestamp))
+    out.append((ORIGINAL_TOPIC, env.original_topic.encode("utf-8", errors="replace")))
+    out.append((ORIGINAL_PARTITION, b"%d" % env.original_partition))
+    out.append((ORIGINAL_OFFSET, b"%d" % env.original_offset))
+    out.append((ORIGINAL_TIMESTAMP, b"%d" % env.original_timestamp))
+    if env.first_failure_timestamp is not None:
+        out.append((FIRST_FAILURE_TIMESTAMP, b"%d" % env.first_failure_timestamp))
+    if env.error_class is not None:
+        out.append((ERROR_CLASS, truncate_utf8(env.error_class, ERROR_CLASS_MAX_BYTES)))
     if env.error_message is not None:
         out.append((ERROR_MESSAGE, truncate_utf8(env.error_message)))
-    put(DEAD_REASON, env.dead_reason)
+    if env.dead_reason is not None:
+        out.append((DEAD_REASON, env.dead_reason.encode("ascii")))
+    if env.group:
+        out.append((GROUP, env.group.encode("utf-8", errors="replace")))
     return out
 
 

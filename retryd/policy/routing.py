@@ -14,7 +14,7 @@ from retryd.policy.headers import (
     decode_lenient,
     routed_headers,
 )
-from retryd.policy.sequence import RetryPlan
+from retryd.policy.sequence import RetryPlan, is_topic_name
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +31,54 @@ class Route:
         return self.dead_reason is not None
 
 
+class RoutePlanner:
+    """``route_failure`` with every per-plan fact computed once: the destination of each
+    retry number (tier name formatting is not free) and the routing group."""
+
+    __slots__ = ("_dead", "_next", "group", "plan")
+
+    def __init__(self, plan: RetryPlan, group: str | None = None) -> None:
+        self.plan = plan
+        self.group = group or plan.group or None
+        self._next = [plan.next_destination(n) for n in range(plan.max_retries + 1)]
+        self._dead = plan.dead_destination
+
+    def failure(
+        self,
+        envelope: Envelope,
+        source_headers: list[tuple[str, bytes | None]] | None,
+        result: HandlerResult,
+        now_ms: int,
+    ) -> Route:
+        """The routed copy for a RETRY or DEAD handler result.
+
+        ``envelope.retry_number`` is how many retries the failing copy had already been
+        scheduled.
+        """
+        retries = envelope.retry_number
+        if result.outcome is Outcome.DEAD:
+            dest = self._dead(retries)
+            reason: str | None = DEAD_NON_RETRYABLE
+        elif result.outcome is Outcome.RETRY:
+            dest = self._next[retries] if retries < len(self._next) else self._dead(retries)
+            reason = DEAD_EXHAUSTED if dest.is_dead else None
+        else:
+            raise ValueError(f"no route for outcome {result.outcome}")
+        due = None if dest.delay_ms is None else now_ms + dest.delay_ms
+        env = envelope.failed_again(
+            retry_number=dest.retry_number,
+            due_ms=due,
+            now_ms=now_ms,
+            error_class=result.error_class or "unknown",
+            error_message=result.error_message or "",
+            dead_reason=reason,
+            group=self.group,
+        )
+        return Route(
+            dest.topic, routed_headers(source_headers, env), now_ms, dest.retry_number, due, reason
+        )
+
+
 def route_failure(
     plan: RetryPlan,
     envelope: Envelope,
@@ -38,30 +86,8 @@ def route_failure(
     result: HandlerResult,
     now_ms: int,
 ) -> Route:
-    """The routed copy for a RETRY or DEAD handler result.
-
-    ``envelope.retry_number`` is how many retries the failing copy had already been scheduled.
-    """
-    if result.outcome not in (Outcome.RETRY, Outcome.DEAD):
-        raise ValueError(f"no route for outcome {result.outcome}")
-    if result.outcome is Outcome.DEAD:
-        dest = plan.dead_destination(envelope.retry_number)
-        reason: str | None = DEAD_NON_RETRYABLE
-    else:
-        dest = plan.next_destination(envelope.retry_number)
-        reason = DEAD_EXHAUSTED if dest.is_dead else None
-    due = None if dest.delay_ms is None else now_ms + dest.delay_ms
-    env = envelope.failed_again(
-        retry_number=dest.retry_number,
-        due_ms=due,
-        now_ms=now_ms,
-        error_class=result.error_class or "unknown",
-        error_message=result.error_message or "",
-        dead_reason=reason,
-    )
-    return Route(
-        dest.topic, routed_headers(source_headers, env), now_ms, dest.retry_number, due, reason
-    )
+    """One-off ``RoutePlanner(plan).failure(...)`` (the worker keeps a planner)."""
+    return RoutePlanner(plan).failure(envelope, source_headers, result, now_ms)
 
 
 def route_malformed(
@@ -73,6 +99,7 @@ def route_malformed(
     source_headers: list[tuple[str, bytes | None]] | None,
     problem: str,
     now_ms: int,
+    group: str | None = None,
 ) -> Route:
     """A tier message whose retryd headers are unusable: dead-letter it, keep what parses."""
     parsed = decode_lenient(source_headers)
@@ -83,7 +110,9 @@ def route_malformed(
 
     orig_topic = parsed.get("retryd_original_topic")
     env = Envelope(
-        original_topic=orig_topic if isinstance(orig_topic, str) and orig_topic else topic,
+        original_topic=orig_topic
+        if isinstance(orig_topic, str) and is_topic_name(orig_topic)
+        else topic,
         original_partition=_int("retryd_original_partition", partition),
         original_offset=_int("retryd_original_offset", offset),
         original_timestamp=_int("retryd_original_timestamp", timestamp_ms),
@@ -92,6 +121,7 @@ def route_malformed(
         error_class="malformed_headers",
         error_message=f"{topic}[{partition}]@{offset}: {problem}",
         dead_reason=DEAD_MALFORMED,
+        group=group or plan.group or None,
     )
     headers = routed_headers(source_headers, env)
     return Route(plan.failed_topic, headers, now_ms, env.retry_number, None, DEAD_MALFORMED)

@@ -13,7 +13,7 @@ _DELAY_RE = re.compile(r"^\s*(\d+)\s*(ms|s|m|h|d)\s*$", re.ASCII)
 # Upper bound keeps due times and tier retention (factor x delay) far inside int64 milliseconds.
 MAX_DELAY_MS = 365 * _UNIT_MS["d"]
 # Tier topic names must stay valid Kafka topic names: [a-zA-Z0-9._-], at most 249 chars.
-_TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+_TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}\Z", re.ASCII)
 
 
 def parse_delay(text: str) -> int:
@@ -41,8 +41,13 @@ def format_delay(delay_ms: int) -> str:
     return f"{delay_ms}ms"
 
 
+def is_topic_name(name: str) -> bool:
+    """A valid Kafka topic name: 1-249 characters from [A-Za-z0-9._-], not '.' or '..'."""
+    return _TOPIC_RE.match(name) is not None and name not in {".", ".."}
+
+
 def validate_topic_name(name: str) -> None:
-    if not _TOPIC_RE.match(name) or name in {".", ".."}:
+    if not is_topic_name(name):
         raise SequenceError(
             f"invalid topic name {name!r}: use 1-249 characters from [A-Za-z0-9._-]"
         )

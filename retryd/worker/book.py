@@ -1,133 +1,154 @@
 """The partitions this process owns, and every consumer call that acts on one of them:
-pause until due, seek, resume, store and commit offsets.
+assign, pause, resume, store and commit offsets.
 
-librdkafka cannot tell whether a partition is paused, so the book is the source of truth.
-Order matters (see kafka-notes): pause, then seek; store before seeking the same partition.
+librdkafka cannot tell whether a partition is paused, so the book is the source of truth:
+each partition carries a mask of *reasons* to be paused, and the consumer is paused when the
+first reason appears and resumed when the last one goes.
+
+No seek is ever needed: the worker keeps every record it consumed until it is settled (not-yet-
+due tier records included), and a pause sets the fetch position to the last delivered record
++ 1 (see kafka-notes), which is exactly where consumption must continue after the resume.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from retryd.metrics import registry as m
 from retryd.worker.partition import PartitionState
-from retryd.worker.schedule import TP, PauseSchedule
 
 log = logging.getLogger(__name__)
 
+TP = tuple[str, int]
+
+
+class ConsumerLike(Protocol):
+    """The part of ``confluent_kafka.Consumer`` the worker uses (a stub implements it in the
+    unit tests)."""
+
+    def subscribe(self, topics: list[str], **callbacks: Any) -> None: ...
+
+    def consume(self, num_messages: int = 1, timeout: float = -1) -> list[Any]: ...
+
+    def incremental_assign(self, partitions: list[TopicPartition]) -> None: ...
+
+    def incremental_unassign(self, partitions: list[TopicPartition]) -> None: ...
+
+    def pause(self, partitions: list[TopicPartition]) -> None: ...
+
+    def resume(self, partitions: list[TopicPartition]) -> None: ...
+
+    def store_offsets(self, *args: Any, **kwargs: Any) -> None: ...
+
+    def commit(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def list_topics(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def close(self) -> None: ...
+
 
 class PartitionBook:
-    def __init__(self, consumer: Consumer, tier_topics: Iterable[str]) -> None:
+    def __init__(self, consumer: ConsumerLike, tier_delays: Mapping[str, int]) -> None:
         self.consumer = consumer
-        self.tier_topics = list(tier_topics)
+        self.tier_delays = dict(tier_delays)
         self.parts: dict[TP, PartitionState] = {}
-        self.schedule = PauseSchedule()
+        # two-level index for the hot path: topic -> partition -> state (no tuple per record)
+        self.by_topic: dict[str, dict[int, PartitionState]] = {}
 
     # -------------------------------------------------------------- ownership
-    def assign(self, partitions: list[TopicPartition]) -> None:
+    def assign(self, partitions: list[TopicPartition]) -> list[PartitionState]:
+        states = []
         for p in partitions:
-            self.parts[(p.topic, p.partition)] = PartitionState()
-            self.schedule.drop((p.topic, p.partition))
+            st = PartitionState(p.topic, p.partition, self.tier_delays.get(p.topic))
+            self.parts[(p.topic, p.partition)] = st
+            self.by_topic.setdefault(p.topic, {})[p.partition] = st
+            states.append(st)
         self.consumer.incremental_assign(partitions)
         if partitions:
             # Pauses survive a revoke/re-assign inside librdkafka: start from a known state.
             self.consumer.resume(partitions)
+        return states
 
-    def commit_revoked(self, partitions: list[TopicPartition]) -> None:
-        """Store and synchronously commit what is finished on partitions we are giving up."""
-        to_commit = []
+    def states(self, partitions: Iterable[TopicPartition]) -> list[PartitionState]:
+        out = []
         for p in partitions:
-            state = self.parts.get((p.topic, p.partition))
-            if state is not None and state.tracker.committable is not None:
-                to_commit.append(TopicPartition(p.topic, p.partition, state.tracker.committable))
-        if to_commit:
-            try:
-                self.consumer.store_offsets(offsets=to_commit)
-            except KafkaException as exc:
-                log.warning("revoke: storing offsets failed: %s", exc)
-            self.commit_sync(to_commit)
+            st = self.parts.get((p.topic, p.partition))
+            if st is not None:
+                out.append(st)
+        return out
 
-    def forget(self, partitions: list[TopicPartition]) -> None:
-        for p in partitions:
-            tp = (p.topic, p.partition)
-            self.parts.pop(tp, None)
-            self.schedule.drop(tp)
-            m.CONSUMER_LAG.labels(topic=p.topic, partition=str(p.partition)).set(0)
-        self._update_paused_gauge()
+    def forget(self, states: Iterable[PartitionState]) -> None:
+        for st in states:
+            self.parts.pop((st.topic, st.partition), None)
+            topic = self.by_topic.get(st.topic)
+            if topic is not None:
+                topic.pop(st.partition, None)
+                if not topic:
+                    del self.by_topic[st.topic]
 
-    # -------------------------------------------------------------- waiting
-    def pause_until(self, tp: TP, state: PartitionState, offset: int, due_ms: int) -> None:
-        self.store(only=tp)  # store before seeking the same partition
-        part = TopicPartition(tp[0], tp[1], offset)
-        self.consumer.pause([part])
-        self.consumer.seek(part)  # pause first, then seek: the batch behind it was "delivered"
-        state.paused = True
-        state.position = offset
-        self.schedule.add(tp, offset, due_ms)
-        self._update_paused_gauge()
-
-    def resume_due(self, now_ms: int) -> None:
-        if not len(self.schedule):
+    # -------------------------------------------------------------- pausing
+    def set_pause(self, st: PartitionState, reason: int, on: bool) -> None:
+        """Add or remove one pause reason; pause/resume the consumer on the edges."""
+        before = st.paused
+        after = before | reason if on else before & ~reason
+        if after == before:
             return
-        waits = self.schedule.pop_due(now_ms)
-        if not waits:
+        st.paused = after
+        if st.revoked:
             return
-        parts = []
-        for wait in waits:
-            state = self.parts.get(wait.tp)
-            if state is not None and state.paused:
-                state.paused = False
-                parts.append(TopicPartition(wait.tp[0], wait.tp[1]))
-        if parts:
-            self.consumer.resume(parts)
-        self._update_paused_gauge()
+        part = [TopicPartition(st.topic, st.partition)]
+        try:
+            if before == 0:
+                self.consumer.pause(part)
+            elif after == 0:
+                self.consumer.resume(part)
+        except KafkaException as exc:  # no longer assigned (a rebalance raced us)
+            log.warning("%s[%d]: pause/resume failed: %s", st.topic, st.partition, exc)
 
-    def rewind(self, first_unprocessed: dict[TP, int]) -> None:
-        """Seek partitions back to their first unprocessed offset (paused ones stay paused)."""
-        for tp, offset in first_unprocessed.items():
-            state = self.parts.get(tp)
-            if state is None:
-                continue
-            self.store(only=tp)  # store before seeking the same partition
-            self.consumer.seek(TopicPartition(tp[0], tp[1], offset))
-            state.position = offset
+    def pause_all(self, reason: int, on: bool) -> None:
+        for st in list(self.parts.values()):
+            self.set_pause(st, reason, on)
 
-    def _update_paused_gauge(self) -> None:
-        counts = self.schedule.topics()
-        for topic in self.tier_topics:
-            m.PAUSED_PARTITIONS.labels(topic=topic).set(counts.get(topic, 0))
-
-    def clear_paused_gauge(self) -> None:
-        for topic in self.tier_topics:
-            m.PAUSED_PARTITIONS.labels(topic=topic).set(0)
+    def paused_by_topic(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for st in self.parts.values():
+            if st.paused:
+                counts[st.topic] = counts.get(st.topic, 0) + 1
+        return counts
 
     # -------------------------------------------------------------- offsets
-    def store(self, only: TP | None = None) -> None:
-        """Store, for each partition, the offset below which everything is finished."""
-        if only is not None:
-            state = self.parts.get(only)
-            items = [(only, state)] if state is not None else []
-        else:
-            items = list(self.parts.items())
+    def store(self, states: Iterable[PartitionState] | None = None) -> int:
+        """Store, for each partition, the offset below which everything is settled; returns
+        how many partitions advanced."""
         offsets = []
-        for tp, st in items:
-            nxt = st.tracker.take_store()
+        for st in self.parts.values() if states is None else states:
+            if st.lost:
+                continue
+            nxt = st.advance()
             if nxt is not None:
-                offsets.append(TopicPartition(tp[0], tp[1], nxt))
+                offsets.append(TopicPartition(st.topic, st.partition, nxt))
         if offsets:
             try:
                 self.consumer.store_offsets(offsets=offsets)
             except KafkaException as exc:
                 log.warning("storing offsets failed (partition no longer assigned?): %s", exc)
+        return len(offsets)
 
-    def commit_sync(self, parts: list[TopicPartition] | None = None) -> None:
+    def commit_sync(self, states: Iterable[PartitionState] | None = None) -> None:
+        """Commit synchronously: all stored offsets, or those of ``states`` only."""
         try:
-            if parts is None:
+            if states is None:
                 self.consumer.commit(asynchronous=False)
-            else:
+                return
+            parts = [
+                TopicPartition(st.topic, st.partition, st.stored)
+                for st in states
+                if st.stored is not None and not st.lost
+            ]
+            if parts:
                 self.consumer.commit(offsets=parts, asynchronous=False)
         except KafkaException as exc:
             if exc.args and exc.args[0].code() == KafkaError._NO_OFFSET:
@@ -136,5 +157,5 @@ class PartitionBook:
 
     # -------------------------------------------------------------- state
     def idle(self) -> bool:
-        """No partition waiting or in progress, every one at its known end."""
-        return not len(self.schedule) and all(s.drained() for s in self.parts.values())
+        """Nothing waiting or in progress, every owned partition at its known end."""
+        return all(st.drained() for st in self.parts.values())

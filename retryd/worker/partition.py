@@ -3,22 +3,82 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from collections import deque
+from typing import TYPE_CHECKING
 
-from retryd.worker.offsets import OffsetTracker
+if TYPE_CHECKING:
+    from retryd.worker.work import Work
+
+# Why a partition is paused (a bit mask: it stays paused while any reason holds).
+PAUSE_BUFFER = 1  # its consumed-but-unfinished records reached ``partition_buffer``
+PAUSE_MEMORY = 2  # the process's buffered bytes reached ``buffer_bytes``
+PAUSE_PRODUCER = 4  # the producer's local queue is full: routed copies are backing up
+PAUSE_STOPPING = 8  # shutting down: take nothing new
 
 
-@dataclass
 class PartitionState:
-    tracker: OffsetTracker = field(default_factory=OffsetTracker)
-    paused: bool = False
-    position: int | None = None  # next offset to consume
-    eof_at: int | None = None  # high watermark reported by the last end-of-partition event
-    known_end: int = 0  # one past the highest offset we know exists (from our own deliveries)
+    """Consumed records of one partition, in offset order, until their offset can be stored.
+
+    ``pending`` holds every consumed record that is not yet settled (queued, running, routing,
+    or waiting for its due time); its done head is popped to advance the stored offset, so the
+    stored offset never passes an unfinished record. ``tail`` (tier partitions) holds the
+    consumed records that are not yet due, in offset order: due times grow along a tier
+    partition, so only its head needs watching.
+    """
+
+    __slots__ = (
+        "delay_ms",
+        "eof_at",
+        "known_end",
+        "lost",
+        "partition",
+        "paused",
+        "pending",
+        "pending_bytes",
+        "position",
+        "revoked",
+        "stored",
+        "tail",
+        "topic",
+    )
+
+    def __init__(self, topic: str, partition: int, delay_ms: int | None) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.delay_ms = delay_ms  # tier delay; None on a main topic
+        self.pending: deque[Work] = deque()
+        self.pending_bytes = 0
+        self.tail: deque[Work] = deque()
+        self.paused = 0  # PAUSE_* mask
+        self.position: int | None = None  # next offset to consume
+        self.eof_at: int | None = None  # high watermark from the last end-of-partition event
+        self.known_end = 0  # one past the highest offset we know exists (our own deliveries)
+        self.stored: int | None = None  # last offset handed to store_offsets
+        self.revoked = False  # given up: run nothing more of it
+        self.lost = False  # taken away without a revoke: discard its results
+
+    @property
+    def is_tier(self) -> bool:
+        return self.delay_ms is not None
+
+    def advance(self) -> int | None:
+        """Pop the settled head; the offset to store if it moved (everything below is done)."""
+        pending = self.pending
+        nxt = None
+        while pending and pending[0].state == 4:  # Work.DONE
+            w = pending.popleft()
+            self.pending_bytes -= w.size
+            nxt = w.offset + 1
+        if nxt is None:
+            return None
+        if self.stored is not None and nxt <= self.stored:
+            return None
+        self.stored = nxt
+        return nxt
 
     def drained(self) -> bool:
         """At the end of the partition as far as we know, with nothing in progress."""
-        if self.paused or self.tracker.pending or self.eof_at is None:
+        if self.pending or self.eof_at is None:
             return False
         position = self.eof_at if self.position is None else self.position
         return position >= max(self.eof_at, self.known_end)

@@ -1,4 +1,16 @@
-"""One worker process: load the handler, run the loop, turn signals into a clean stop."""
+"""One worker process: load the handler, run the loop, turn signals into a clean stop.
+
+Exit statuses (also in the README), so a supervisor can tell "restart me" from "fix me":
+
+====  =====================================================================================
+0     stopped cleanly (SIGTERM/SIGINT) or drained
+1     unexpected error (a bug): restart
+2     invalid configuration (reported by the CLI before anything starts): do not restart
+3     a routed copy could not be delivered; its input stays uncommitted: restart
+4     cannot start as configured (handler does not load, topics missing): do not restart
+5     runtime fault (cluster unreachable, fatal client error, hung handlers): restart
+====  =====================================================================================
+"""
 
 from __future__ import annotations
 
@@ -9,19 +21,25 @@ import sys
 from types import FrameType
 
 from retryd.config import Role, Settings
-from retryd.errors import DeliveryError, RetrydError
+from retryd.errors import DeliveryError, RetrydError, RuntimeFault, SetupError
 
 log = logging.getLogger(__name__)
 
 EXIT_OK = 0
-EXIT_SETUP = 1
+EXIT_CRASH = 1
+EXIT_CONFIG = 2
 EXIT_DELIVERY = 3
+EXIT_SETUP = 4
+EXIT_RUNTIME = 5
+
+RESTARTABLE = {EXIT_CRASH, EXIT_DELIVERY, EXIT_RUNTIME}
 
 
 def run_worker(settings: Settings, role: Role, *, until_drained: bool = False) -> int:
     """Run until SIGTERM/SIGINT (or drained); return the process exit status."""
     from retryd.handlers.loader import load_handler
     from retryd.metrics.registry import mark_build_info
+    from retryd.metrics.sink import PrometheusSink
     from retryd.worker.engine import Worker
 
     try:
@@ -29,15 +47,21 @@ def run_worker(settings: Settings, role: Role, *, until_drained: bool = False) -
             settings.handler,
             timeout_s=settings.handler_timeout_s,
             non_retryable=settings.non_retryable,
+            max_in_flight=settings.max_in_flight,
         )
-        worker = Worker(settings, handler, role=role)
-    except RetrydError as exc:
+        worker = Worker(
+            settings, handler, role=role, sinks=[PrometheusSink(settings.plan.tier_topics)]
+        )
+    except SetupError as exc:
         log.error("cannot start worker: %s", exc)
         return EXIT_SETUP
+    except RetrydError as exc:
+        log.error("cannot start worker: %s", exc)
+        return EXIT_RUNTIME
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         log.info(
-            "received %s: finishing the current message, then flush, commit, close",
+            "received %s: finishing consumed records, then flush, commit, close",
             signal.Signals(signum).name,
         )
         worker.stop()
@@ -50,9 +74,15 @@ def run_worker(settings: Settings, role: Role, *, until_drained: bool = False) -
     except DeliveryError as exc:
         log.error("stopping: %s", exc)
         return EXIT_DELIVERY
+    except SetupError as exc:
+        log.error("cannot start worker: %s", exc)
+        return EXIT_SETUP
+    except RuntimeFault as exc:
+        log.error("stopping: %s", exc)
+        return EXIT_RUNTIME
     except RetrydError as exc:
         log.error("stopping: %s", exc)
-        return EXIT_SETUP
+        return EXIT_RUNTIME
     log.info("worker summary %s", json.dumps(summary.as_dict(), sort_keys=True))
     return EXIT_OK
 

@@ -1,24 +1,43 @@
-"""What one worker run did: counts a caller (tests, ``retryd dev``, batch jobs) can report."""
+"""What one worker run did: counts a caller (tests, ``retryd dev``, batch jobs) can report.
+
+A ``Sink`` of the worker's event stream, like the Prometheus metrics.
+"""
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
 
+from retryd.worker.events import BatchStats, NullSink
+
 
 @dataclass
-class RunSummary:
+class RunSummary(NullSink):
     outcomes: Counter[tuple[str, str]] = field(default_factory=Counter)  # (topic, outcome)
     dead_reasons: Counter[str] = field(default_factory=Counter)
+    skipped: Counter[str] = field(default_factory=Counter)
     rebalances: Counter[str] = field(default_factory=Counter)
-    first_message_at: float | None = None  # monotonic: first batch with messages
-    last_message_at: float | None = None  # monotonic: end of the last batch with messages
+    abandoned_calls: int = 0
+    first_message_at: float | None = None  # monotonic: first batch with records
+    last_message_at: float | None = None  # monotonic: end of the last batch with records
 
-    def batch_done(self, started: float, ended: float) -> None:
-        if self.first_message_at is None:
-            self.first_message_at = started
-        self.last_message_at = ended
+    # -- Sink
+    def batch(self, stats: BatchStats, started: float, ended: float) -> None:
+        if stats.records or stats.outcomes:
+            if self.first_message_at is None:
+                self.first_message_at = started
+            self.last_message_at = ended
+        self.outcomes.update(stats.outcomes)
+        self.dead_reasons.update(stats.dead)
+        self.skipped.update(stats.skipped)
 
+    def rebalance(self, kind: str, count: int) -> None:
+        self.rebalances[kind] += 1
+
+    def abandoned(self, total: int) -> None:
+        self.abandoned_calls = total
+
+    # -- reading
     @property
     def busy_seconds(self) -> float:
         """From the first consumed message to the last one handled (excludes group join)."""
@@ -42,5 +61,7 @@ class RunSummary:
         return {
             "by_topic": self.by_topic(),
             "dead_reasons": dict(self.dead_reasons),
+            "skipped": dict(self.skipped),
             "rebalances": dict(self.rebalances),
+            "abandoned_calls": self.abandoned_calls,
         }

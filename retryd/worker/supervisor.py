@@ -1,6 +1,12 @@
-"""``--processes N``: N worker processes on one host, restarted when they crash.
+"""``--processes N``: N worker processes on one host, restarted when they fail at runtime.
 
 One Python process is GIL-bound, so throughput scales with processes (and partitions).
+
+A child that exits with a *runtime* status (crash, undeliverable copy, hung handlers, cluster
+unreachable) is restarted after a backoff that doubles per quick failure (1 s … 60 s) and
+resets once a child has run for a minute; the other children keep running meanwhile. A child
+that *cannot start* as configured (exit 4: handler does not load, topics missing) stops the
+whole group, since restarting it would change nothing.
 """
 
 from __future__ import annotations
@@ -19,8 +25,9 @@ from retryd.worker.process import EXIT_OK, EXIT_SETUP, child_main
 
 log = logging.getLogger(__name__)
 
-MAX_QUICK_FAILURES = 5
-QUICK_S = 10.0
+BACKOFF_START_S = 1.0
+BACKOFF_MAX_S = 60.0
+STABLE_S = 60.0  # a child that ran this long resets the backoff
 
 
 def _total_partitions(settings: Settings, role: Role) -> int:
@@ -30,6 +37,22 @@ def _total_partitions(settings: Settings, role: Role) -> int:
     topics = topics_for_role(settings, role)
     md = new_admin(admin_config(common_config(settings), "supervisor")).list_topics(timeout=10)
     return sum(len(md.topics[t].partitions) for t in topics if t in md.topics)
+
+
+class Backoff:
+    """Delay before the next restart: doubles per quick failure, resets after a stable run."""
+
+    def __init__(self, start_s: float = BACKOFF_START_S, max_s: float = BACKOFF_MAX_S) -> None:
+        self.start_s = start_s
+        self.max_s = max_s
+        self.next_s = start_s
+
+    def failed(self, ran_s: float) -> float:
+        if ran_s >= STABLE_S:
+            self.next_s = self.start_s
+        delay = self.next_s
+        self.next_s = min(self.next_s * 2, self.max_s)
+        return delay
 
 
 def supervise(
@@ -43,7 +66,8 @@ def supervise(
     level = logging.getLevelName(logging.getLogger().getEffectiveLevel())
     stopping = False
     children: dict[int, tuple[BaseProcess, float]] = {}
-    quick_failures = 0
+    restarts: list[float] = []  # monotonic times at which to start a replacement
+    backoff = Backoff()
     worst = EXIT_OK
 
     def start_one() -> None:
@@ -58,17 +82,24 @@ def supervise(
     def on_signal(signum: int, frame: FrameType | None) -> None:
         nonlocal stopping
         stopping = True
+        restarts.clear()
         for proc, _ in list(children.values()):
             if proc.is_alive() and proc.pid is not None:
-                proc.terminate()  # SIGTERM: each child flushes, commits and exits
+                proc.terminate()  # SIGTERM: each child finishes, flushes, commits and exits
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     for _ in range(processes):
         start_one()
-    while children:
-        ready = wait([p.sentinel for p, _ in children.values()], timeout=0.5)
-        if watch is not None and not stopping and watch.check(children):
+    while children or restarts:
+        now = time.monotonic()
+        for due in [t for t in restarts if t <= now]:
+            restarts.remove(due)
+            if not stopping:
+                start_one()
+        timeout = 0.5 if not restarts else max(0.0, min(0.5, min(restarts) - now))
+        ready = wait([p.sentinel for p, _ in children.values()], timeout=timeout)
+        if watch is not None and not stopping and not restarts and watch.check(children):
             log.info("all %d worker processes drained the group: stopping them", len(children))
             on_signal(signal.SIGTERM, None)
         for pid, (proc, started) in list(children.items()):
@@ -83,15 +114,24 @@ def supervise(
                 if code not in (EXIT_OK, -signal.SIGTERM):
                     worst = max(worst, abs(code))
                 continue
-            log.error("worker process pid=%s died with status %s", pid, code)
-            quick_failures = quick_failures + 1 if time.monotonic() - started < QUICK_S else 0
-            if code == EXIT_SETUP or quick_failures >= MAX_QUICK_FAILURES:
-                log.error("not restarting: the worker cannot start (see its error above)")
-                worst = max(worst, abs(code))
-                stopping = True
+            if code == EXIT_SETUP:
+                log.error(
+                    "worker process pid=%s cannot start (status %s, see its error above): "
+                    "stopping the group",
+                    pid,
+                    code,
+                )
+                worst = max(worst, code)
                 on_signal(signal.SIGTERM, None)
                 continue
-            start_one()
+            delay = backoff.failed(time.monotonic() - started)
+            log.error(
+                "worker process pid=%s failed at runtime (status %s); restarting it in %.0fs",
+                pid,
+                code,
+                delay,
+            )
+            restarts.append(time.monotonic() + delay)
     return worst
 
 

@@ -1,4 +1,5 @@
-"""HttpHandler against a real HTTP server on a free loopback port."""
+"""HttpHandler, driven through the worker's event-loop pool, against a real HTTP server on a
+free loopback port."""
 
 from __future__ import annotations
 
@@ -16,10 +17,31 @@ from typing import Any
 import pytest
 
 from retryd.handlers.base import Message
-from retryd.handlers.http_handler import HEADERS_B64, HttpHandler, decode_kafka_headers
-from retryd.policy.classify import Outcome
+from retryd.handlers.http_handler import (
+    HEADERS_B64,
+    VALUE_NULL,
+    HttpHandler,
+    decode_kafka_headers,
+)
+from retryd.policy.classify import HandlerResult, Outcome
+from tests.pool_support import Harness, work_of
 
-MakeHandler = Callable[..., HttpHandler]
+
+class Caller:
+    """An HttpHandler behind a real LoopPool (as the worker runs it)."""
+
+    def __init__(self, url: str, timeout_s: float = 5.0, max_in_flight: int = 4) -> None:
+        self.adapter = HttpHandler(url, timeout_s=timeout_s, max_connections=max_in_flight)
+        self.harness = Harness(self.adapter, max_in_flight=max_in_flight, timeout_s=timeout_s)
+
+    def __call__(self, message: Message) -> HandlerResult:
+        return self.harness.call(message, timeout=30)
+
+    def close(self) -> None:
+        self.harness.close()
+
+
+MakeHandler = Callable[..., Caller]
 
 
 @dataclass
@@ -81,7 +103,9 @@ class _Handler(BaseHTTPRequestHandler):
         parts = self.path.strip("/").split("/")
         try:
             if parts[0] == "status":
-                self._answer(int(parts[1]), b"answer " + parts[1].encode(), "text/plain")
+                code = int(parts[1])
+                body = b"" if code in (204, 304) else b"answer " + parts[1].encode()  # RFC 9110
+                self._answer(code, body, "text/plain")
             elif parts[0] == "json":
                 payload = json.dumps({"status": parts[2]}).encode()
                 self._answer(int(parts[1]), payload, "application/json")
@@ -137,10 +161,10 @@ def server() -> Iterator[SidecarServer]:
 
 @pytest.fixture
 def handler_for(server: SidecarServer) -> Iterator[MakeHandler]:
-    made: list[HttpHandler] = []
+    made: list[Caller] = []
 
-    def make(path: str, timeout_s: float = 5.0) -> HttpHandler:
-        handler = HttpHandler(server.url + path, timeout_s=timeout_s)
+    def make(path: str, timeout_s: float = 5.0, max_in_flight: int = 4) -> Caller:
+        handler = Caller(server.url + path, timeout_s=timeout_s, max_in_flight=max_in_flight)
         made.append(handler)
         return handler
 
@@ -225,13 +249,13 @@ def test_connection_refused() -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-        handler = HttpHandler(f"http://127.0.0.1:{port}/hook", timeout_s=2)
+        handler = Caller(f"http://127.0.0.1:{port}/hook", timeout_s=2)
         try:
             result = handler(MSG)
         finally:
             handler.close()
     assert (result.outcome, result.error_class) == (Outcome.RETRY, "connection_error")
-    assert result.error_message is not None and "ConnectError" in result.error_message
+    assert result.error_message is not None and "Connect" in result.error_message
 
 
 def test_request_carries_message(server: SidecarServer, handler_for: MakeHandler) -> None:
@@ -291,6 +315,8 @@ def test_empty_and_null_value(
     assert got.header("Content-Length") == "0"
     assert got.header("X-Retryd-Key") is None
     assert got.header("X-Retryd-Original-Topic") == "orders"
+    # a tombstone and an empty value are told apart
+    assert got.header(VALUE_NULL) == ("true" if value is None else None)
     assert got.header(HEADERS_B64) is None
     assert not [k for k, _ in got.headers if k.lower().startswith("x-kafka-")]
 
@@ -302,18 +328,35 @@ def test_connection_is_reused(server: SidecarServer, handler_for: MakeHandler) -
     assert len({r.client_port for r in server.received}) == 1
 
 
-def test_shared_between_threads(server: SidecarServer, handler_for: MakeHandler) -> None:
-    handler = handler_for("/status/200")
-    outcomes: list[Outcome] = []
-
-    def run() -> None:
-        for _ in range(10):
-            outcomes.append(handler(MSG).outcome)
-
-    threads = [threading.Thread(target=run) for _ in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
-    assert outcomes == [Outcome.SUCCESS] * 40
+def test_concurrent_calls_share_a_bounded_keep_alive_pool(
+    server: SidecarServer, handler_for: MakeHandler
+) -> None:
+    handler = handler_for("/status/200", max_in_flight=4)
+    works = [work_of(MSG) for _ in range(40)]
+    handler.harness.submit([(None, [w]) for w in works])
+    done = handler.harness.collect(40, timeout=30)
+    assert [w.result.outcome for w in done if w.result] == [Outcome.SUCCESS] * 40
     assert len(server.received) == 40
+    # never more connections than calls in flight, and they are reused
+    assert 1 <= len({r.client_port for r in server.received}) <= 4
+
+
+@pytest.mark.parametrize(
+    "original_topic",
+    ["tópico", "日本語", "line\r\nX-Injected: 1", "\x00\x7f", "a" * 300],
+)
+def test_odd_header_values_never_break_the_request(
+    server: SidecarServer, handler_for: MakeHandler, original_topic: str
+) -> None:
+    # Whatever a record carries, every HTTP header retryd sends is printable ASCII.
+    message = Message(
+        key=b"k", value=b"v", topic="retry_5m", retry_number=1, original_topic=original_topic
+    )
+    assert handler_for("/status/200")(message).outcome is Outcome.SUCCESS
+    got = server.received[-1]
+    sent = got.header("X-Retryd-Original-Topic") or ""
+    assert sent.isascii() and sent.isprintable()
+    assert got.header("X-Injected") is None
+    from urllib.parse import unquote
+
+    assert unquote(sent) == original_topic

@@ -1,4 +1,5 @@
-"""PythonHandler and load_handler: outcomes, timeouts, abandoned threads, shutdown signals."""
+"""Python handler adapters driven through the worker's real pools, and load_handler: outcomes,
+timeouts, abandoned threads and loops, exit signals that must not stop a worker."""
 
 from __future__ import annotations
 
@@ -12,12 +13,18 @@ import pytest
 
 from retryd.errors import HandlerLoadError, NonRetryableError
 from retryd.handlers import python_handler
-from retryd.handlers.base import HandlerShutdown, Message
+from retryd.handlers.base import Message
 from retryd.handlers.http_handler import HttpHandler
 from retryd.handlers.loader import load_handler
-from retryd.handlers.python_handler import PythonHandler
-from retryd.policy.classify import Outcome
+from retryd.handlers.python_handler import (
+    AsyncPythonHandler,
+    PythonHandler,
+    SyncPythonHandler,
+)
+from retryd.policy.classify import HandlerResult, Outcome
+from retryd.worker import pools
 from tests import handlers_for_tests
+from tests.pool_support import Harness, work_of
 from tests.support import wait_for
 
 MSG = Message(key=b"k", value=b"v", topic="orders", partition=2, offset=41)
@@ -39,19 +46,39 @@ class Custom(BaseException):
     pass
 
 
-@pytest.fixture
-def make() -> Iterator[Callable[..., PythonHandler]]:
-    made: list[PythonHandler] = []
+class Called:
+    """A handler adapter behind a real pool: ``called(message)`` is one call as the worker
+    makes it (timeout enforced by the pool)."""
 
-    def factory(func: Callable[[Message], Any], **kw: Any) -> PythonHandler:
-        kw.setdefault("timeout_s", 5.0)
-        handler = PythonHandler(func, **kw)
-        made.append(handler)
-        return handler
+    def __init__(self, func: Callable[[Message], Any], **kw: Any) -> None:
+        timeout_s = kw.setdefault("timeout_s", 5.0)
+        self.adapter = PythonHandler(func, **kw)
+        self.harness = Harness(self.adapter, max_in_flight=4, timeout_s=timeout_s)
+
+    def __call__(self, message: Message) -> HandlerResult:
+        return self.harness.call(message)
+
+    @property
+    def abandoned(self) -> int:
+        """Abandoned calls still running."""
+        return self.harness.pool.hung
+
+    def close(self) -> None:
+        self.harness.close()
+
+
+@pytest.fixture
+def make() -> Iterator[Callable[..., Called]]:
+    made: list[Called] = []
+
+    def factory(func: Callable[[Message], Any], **kw: Any) -> Called:
+        called = Called(func, **kw)
+        made.append(called)
+        return called
 
     yield factory
-    for handler in made:
-        handler.close()
+    for called in made:
+        called.close()
 
 
 def raiser(exc: BaseException) -> Callable[[Message], None]:
@@ -61,7 +88,7 @@ def raiser(exc: BaseException) -> Callable[[Message], None]:
     return func
 
 
-def test_success_ignores_return_value(make: Callable[..., PythonHandler]) -> None:
+def test_success_ignores_return_value(make: Callable[..., Called]) -> None:
     seen: list[Message] = []
 
     def func(message: Message) -> str:
@@ -71,17 +98,19 @@ def test_success_ignores_return_value(make: Callable[..., PythonHandler]) -> Non
     result = make(func)(MSG)
     assert result.outcome is Outcome.SUCCESS
     assert result.error_class is None
-    assert seen == [MSG]
+    assert [(m.topic, m.partition, m.offset, m.key, m.value) for m in seen] == [
+        ("orders", 2, 41, b"k", b"v")
+    ]
 
 
-def test_exception_is_retryable(make: Callable[..., PythonHandler]) -> None:
+def test_exception_is_retryable(make: Callable[..., Called]) -> None:
     result = make(raiser(ValueError("bad amount")))(MSG)
     assert result.outcome is Outcome.RETRY
     assert result.error_class == "ValueError"
     assert result.error_message == "bad amount"
 
 
-def test_non_retryable_error_subclass_is_dead(make: Callable[..., PythonHandler]) -> None:
+def test_non_retryable_error_subclass_is_dead(make: Callable[..., Called]) -> None:
     result = make(raiser(Permanent("gone")))(MSG)
     assert result.outcome is Outcome.DEAD
     assert result.error_class == f"{__name__}.Permanent"
@@ -92,14 +121,14 @@ def test_non_retryable_error_subclass_is_dead(make: Callable[..., PythonHandler]
     [["PaymentDeclined"], [f"{__name__}.PaymentDeclined"], ["CardExpired"], ["KeyError", "X"]],
 )
 def test_names_in_non_retryable_list_are_dead(
-    make: Callable[..., PythonHandler], names: list[str]
+    make: Callable[..., Called], names: list[str]
 ) -> None:
     exc: Exception = KeyError("k") if "KeyError" in names else CardExpired("expired")
     result = make(raiser(exc), non_retryable=names)(MSG)
     assert result.outcome is Outcome.DEAD
 
 
-def test_unlisted_exception_stays_retryable(make: Callable[..., PythonHandler]) -> None:
+def test_unlisted_exception_stays_retryable(make: Callable[..., Called]) -> None:
     result = make(raiser(PaymentDeclined("x")), non_retryable=["CardExpired", "x.PaymentDeclined"])(
         MSG
     )
@@ -107,7 +136,7 @@ def test_unlisted_exception_stays_retryable(make: Callable[..., PythonHandler]) 
 
 
 @pytest.mark.parametrize("exc", [Custom("odd"), GeneratorExit()])
-def test_base_exceptions_are_caught(make: Callable[..., PythonHandler], exc: BaseException) -> None:
+def test_base_exceptions_are_caught(make: Callable[..., Called], exc: BaseException) -> None:
     handler = make(raiser(exc))
     result = handler(MSG)
     assert result.outcome is Outcome.RETRY
@@ -117,16 +146,20 @@ def test_base_exceptions_are_caught(make: Callable[..., PythonHandler], exc: Bas
 
 
 @pytest.mark.parametrize("exc", [SystemExit(3), KeyboardInterrupt()])
-def test_exit_signals_become_handler_shutdown(
-    make: Callable[..., PythonHandler], exc: BaseException
+def test_exit_signals_are_retryable_failures_not_exits(
+    make: Callable[..., Called], exc: BaseException, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with pytest.raises(HandlerShutdown) as info:
-        make(raiser(exc))(MSG)
-    assert info.value.__cause__ is exc
-    assert "orders[2]@41" in str(info.value)
+    # A record must never be able to stop a worker: a handler raising SystemExit on one
+    # message would otherwise stop it again after every restart.
+    handler = make(raiser(exc))
+    result = handler(MSG)
+    assert result.outcome is Outcome.RETRY
+    assert result.error_class == type(exc).__name__
+    assert "orders[2]@41" in caplog.text
+    assert handler(MSG).outcome is Outcome.RETRY  # and the pool still serves calls
 
 
-def test_worker_thread_is_reused(make: Callable[..., PythonHandler]) -> None:
+def test_worker_thread_is_reused(make: Callable[..., Called]) -> None:
     threads: list[threading.Thread] = []
     handler = make(lambda m: threads.append(threading.current_thread()))
     for _ in range(5):
@@ -137,7 +170,7 @@ def test_worker_thread_is_reused(make: Callable[..., PythonHandler]) -> None:
 
 
 def test_hung_call_times_out_and_its_thread_is_abandoned(
-    make: Callable[..., PythonHandler],
+    make: Callable[..., Called],
 ) -> None:
     release = threading.Event()
     threads: dict[bytes | None, threading.Thread] = {}
@@ -167,43 +200,28 @@ def test_hung_call_times_out_and_its_thread_is_abandoned(
     assert not threads[b"hang"].is_alive()  # the abandoned thread exits instead of idling
 
 
-def test_concurrent_calls_get_their_own_threads(make: Callable[..., PythonHandler]) -> None:
-    barrier = threading.Barrier(2, timeout=5)
+def test_concurrent_calls_get_their_own_threads(make: Callable[..., Called]) -> None:
+    barrier = threading.Barrier(2, timeout=5)  # both calls must be in flight at once
     handler = make(lambda m: barrier.wait())
-    results: list[Outcome] = []
-    other = threading.Thread(target=lambda: results.append(handler(MSG).outcome))
-    other.start()
-    results.append(handler(MSG).outcome)
-    other.join(5)
-    assert results == [Outcome.SUCCESS, Outcome.SUCCESS]
+    h = handler.harness
+    h.submit([(None, [work_of(MSG)]), (None, [work_of(MSG)])])
+    done = h.collect(2)
+    assert [w.result.outcome for w in done if w.result] == [Outcome.SUCCESS] * 2
 
 
 def test_close_stops_idle_workers() -> None:
     threads: list[threading.Thread] = []
-    handler = PythonHandler(lambda m: threads.append(threading.current_thread()), timeout_s=5)
-    handler(MSG)
-    handler.close()
+    called = Called(lambda m: threads.append(threading.current_thread()), timeout_s=5)
+    called(MSG)
+    called.close()
     threads[0].join(5)
     assert not threads[0].is_alive()
-
-
-def test_per_call_overhead_is_small(make: Callable[..., PythonHandler]) -> None:
-    handler = make(lambda m: None)
-    for _ in range(200):
-        handler(MSG)
-    n = 2000
-    start = time.perf_counter()
-    for _ in range(n):
-        handler(MSG)
-    per_call_us = (time.perf_counter() - start) / n * 1e6
-    print(f"sync no-op handler: {per_call_us:.1f} us/call")
-    assert per_call_us < 2000  # generous: shared CI cores; typically ~30-50 us
 
 
 # -- async --------------------------------------------------------------------------------------
 
 
-def test_async_success(make: Callable[..., PythonHandler]) -> None:
+def test_async_success(make: Callable[..., Called]) -> None:
     loops: list[asyncio.AbstractEventLoop] = []
 
     async def func(message: Message) -> None:
@@ -227,7 +245,7 @@ def test_async_success(make: Callable[..., PythonHandler]) -> None:
     ],
 )
 def test_async_raise(
-    make: Callable[..., PythonHandler], exc: BaseException, outcome: Outcome, error_class: str
+    make: Callable[..., Called], exc: BaseException, outcome: Outcome, error_class: str
 ) -> None:
     async def func(message: Message) -> None:
         raise exc
@@ -238,18 +256,16 @@ def test_async_raise(
     assert handler(MSG).outcome is outcome  # the loop survived
 
 
-def test_async_system_exit_becomes_handler_shutdown(make: Callable[..., PythonHandler]) -> None:
+def test_async_system_exit_is_a_retryable_failure(make: Callable[..., Called]) -> None:
     async def func(message: Message) -> None:
         raise SystemExit(1)
 
     handler = make(func)
-    with pytest.raises(HandlerShutdown):
-        handler(MSG)
-    with pytest.raises(HandlerShutdown):  # and the loop is still alive
-        handler(MSG)
+    assert handler(MSG).error_class == "SystemExit"
+    assert handler(MSG).outcome is Outcome.RETRY  # and the loop is still alive
 
 
-def test_async_hang_is_really_cancelled(make: Callable[..., PythonHandler]) -> None:
+def test_async_hang_is_really_cancelled(make: Callable[..., Called]) -> None:
     cancelled = threading.Event()
 
     async def func(message: Message) -> None:
@@ -269,9 +285,9 @@ def test_async_hang_is_really_cancelled(make: Callable[..., PythonHandler]) -> N
 
 
 def test_async_blocking_loop_is_abandoned(
-    make: Callable[..., PythonHandler], monkeypatch: pytest.MonkeyPatch
+    make: Callable[..., Called], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(python_handler, "ASYNC_CANCEL_GRACE_S", 0.2)
+    monkeypatch.setattr(pools, "ASYNC_CANCEL_GRACE_S", 0.2)
     release = threading.Event()
     loops: list[asyncio.AbstractEventLoop] = []
 
@@ -293,7 +309,7 @@ def test_async_blocking_loop_is_abandoned(
     wait_for(lambda: loops[0].is_closed(), 5, what="abandoned loop to stop")
 
 
-def test_sync_callable_returning_coroutine_is_awaited(make: Callable[..., PythonHandler]) -> None:
+def test_sync_callable_returning_coroutine_is_awaited(make: Callable[..., Called]) -> None:
     async def inner(message: Message) -> None:
         raise ValueError("from coroutine")
 
@@ -301,7 +317,7 @@ def test_sync_callable_returning_coroutine_is_awaited(make: Callable[..., Python
     assert (result.outcome, result.error_class) == (Outcome.RETRY, "ValueError")
 
 
-def test_async_callable_object(make: Callable[..., PythonHandler]) -> None:
+def test_async_callable_object(make: Callable[..., Called]) -> None:
     class Obj:
         async def __call__(self, message: Message) -> None:
             await asyncio.sleep(0)
@@ -320,28 +336,30 @@ def test_load_python_handlers() -> None:
         "python:tests.handlers_for_tests:Namespace.nested",
     ):
         handler = load_handler(spec, timeout_s=2)
+        assert isinstance(handler, SyncPythonHandler | AsyncPythonHandler)
+        harness = Harness(handler, timeout_s=2)
         try:
-            assert isinstance(handler, PythonHandler)
-            assert handler(MSG).outcome is Outcome.SUCCESS, spec
+            assert harness.call(MSG).outcome is Outcome.SUCCESS, spec
         finally:
-            handler.close()
+            harness.close()
+    assert isinstance(
+        load_handler("python:tests.handlers_for_tests:async_ok", timeout_s=2), AsyncPythonHandler
+    )
     handler = load_handler(
         "python:tests.handlers_for_tests:fail", timeout_s=2, non_retryable=["ValueError"]
     )
-    try:
-        assert handler(MSG).outcome is Outcome.DEAD
-    finally:
-        handler.close()
-    assert handlers_for_tests.CALLS[-2:] == [MSG, MSG]
+    assert isinstance(handler, SyncPythonHandler)
+    assert handler.call(MSG).outcome is Outcome.DEAD
+    assert [m.offset for m in handlers_for_tests.CALLS[-2:]] == [41, 41]
 
 
 def test_load_http_handler_does_no_io() -> None:
-    handler = load_handler("http://user:secret@127.0.0.1:1/hook?token=x", timeout_s=2)
-    try:
-        assert isinstance(handler, HttpHandler)
-        assert "secret" not in handler.url and "token" not in handler.url
-    finally:
-        handler.close()
+    handler = load_handler(
+        "http://user:secret@127.0.0.1:1/hook?token=x", timeout_s=2, max_in_flight=64
+    )
+    assert isinstance(handler, HttpHandler)
+    assert handler.max_connections == 64  # the keep-alive pool fits the calls in flight
+    assert "secret" not in handler.url and "token" not in handler.url
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,143 @@
+"""What the worker reports, and who listens.
+
+The loop does not call Prometheus and the run summary side by side: it accumulates the facts of
+one poll iteration in ``BatchStats`` (plain counters and histogram bucket counts, a few hundred
+nanoseconds per record) and publishes them once per iteration to every ``Sink``. Prometheus
+(``metrics.sink.PrometheusSink``) and ``RunSummary`` are two sinks of the same stream; tests
+add their own. In multiprocess mode a metric update writes a memory-mapped file, so one update
+per batch instead of several per record is most of the worker's bookkeeping cost.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections import Counter
+from collections.abc import Sequence
+from typing import Protocol
+
+from retryd.metrics.buckets import LATENCY_BUCKETS, LATENESS_BUCKETS
+
+
+class Buckets:
+    """A histogram's observations since the last flush: per-bucket counts and the sum."""
+
+    __slots__ = ("bounds", "counts", "total")
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # last one: +Inf
+        self.total = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.total += value
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+
+class BatchStats:
+    """Everything one poll iteration observed."""
+
+    __slots__ = ("dead", "durations", "lateness", "outcomes", "records", "skipped")
+
+    def __init__(self) -> None:
+        self.outcomes: Counter[tuple[str, str]] = Counter()  # (topic, outcome)
+        self.dead: Counter[str] = Counter()  # dead-letter reason
+        self.skipped: Counter[str] = Counter()  # skip reason
+        self.durations: dict[str, Buckets] = {}
+        self.lateness: dict[str, Buckets] = {}
+        self.records = 0  # records consumed (for first/last timing)
+
+    def __bool__(self) -> bool:
+        return bool(self.records or self.outcomes or self.skipped or self.dead)
+
+    def duration(self, topic: str) -> Buckets:
+        b = self.durations.get(topic)
+        if b is None:
+            b = self.durations[topic] = Buckets(LATENCY_BUCKETS)
+        return b
+
+    def late(self, topic: str) -> Buckets:
+        b = self.lateness.get(topic)
+        if b is None:
+            b = self.lateness[topic] = Buckets(LATENESS_BUCKETS)
+        return b
+
+
+class Sink(Protocol):
+    """A listener of worker events. Every method is optional in spirit: implement all, no-op
+    the ones you do not need (``NullSink``)."""
+
+    def batch(self, stats: BatchStats, started: float, ended: float) -> None: ...
+
+    def rebalance(self, kind: str, count: int) -> None: ...
+
+    def paused(self, by_topic: dict[str, int]) -> None: ...
+
+    def inflight(self, calls: int) -> None: ...
+
+    def abandoned(self, total: int) -> None: ...
+
+    def lag(self, lags: dict[tuple[str, int], int]) -> None: ...
+
+    def forget(self, partitions: list[tuple[str, int]]) -> None: ...
+
+
+class NullSink:
+    def batch(self, stats: BatchStats, started: float, ended: float) -> None:
+        pass
+
+    def rebalance(self, kind: str, count: int) -> None:
+        pass
+
+    def paused(self, by_topic: dict[str, int]) -> None:
+        pass
+
+    def inflight(self, calls: int) -> None:
+        pass
+
+    def abandoned(self, total: int) -> None:
+        pass
+
+    def lag(self, lags: dict[tuple[str, int], int]) -> None:
+        pass
+
+    def forget(self, partitions: list[tuple[str, int]]) -> None:
+        pass
+
+
+class Events(NullSink):
+    """Fan-out to every sink."""
+
+    def __init__(self, sinks: Sequence[Sink]) -> None:
+        self.sinks = list(sinks)
+
+    def batch(self, stats: BatchStats, started: float, ended: float) -> None:
+        for s in self.sinks:
+            s.batch(stats, started, ended)
+
+    def rebalance(self, kind: str, count: int) -> None:
+        for s in self.sinks:
+            s.rebalance(kind, count)
+
+    def paused(self, by_topic: dict[str, int]) -> None:
+        for s in self.sinks:
+            s.paused(by_topic)
+
+    def inflight(self, calls: int) -> None:
+        for s in self.sinks:
+            s.inflight(calls)
+
+    def abandoned(self, total: int) -> None:
+        for s in self.sinks:
+            s.abandoned(total)
+
+    def lag(self, lags: dict[tuple[str, int], int]) -> None:
+        for s in self.sinks:
+            s.lag(lags)
+
+    def forget(self, partitions: list[tuple[str, int]]) -> None:
+        for s in self.sinks:
+            s.forget(partitions)

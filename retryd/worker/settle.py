@@ -1,0 +1,134 @@
+"""Phase 3 of every poll: finished handler calls become settled records.
+
+Success and DROP settle at once; RETRY and DEAD route a copy (to the next tier or
+``failed_topic``) and settle when the broker acknowledges it (acks=all). A record of a *lost*
+partition is discarded: its next owner redoes it from the committed offset.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+
+from confluent_kafka import KafkaError
+
+from retryd.errors import DeliveryError
+from retryd.policy.classify import Outcome
+from retryd.policy.headers import envelope_for_source
+from retryd.policy.routing import Route, RoutePlanner
+from retryd.worker.book import PartitionBook
+from retryd.worker.events import BatchStats, Buckets
+from retryd.worker.router import Router
+from retryd.worker.work import Work
+
+log = logging.getLogger(__name__)
+
+_SUCCESS = Outcome.SUCCESS
+_DROP = Outcome.DROP
+
+
+class Settler:
+    def __init__(
+        self,
+        planner: RoutePlanner,
+        router: Router,
+        book: PartitionBook,
+        on_fatal: Callable[[BaseException], None],
+    ) -> None:
+        self.planner = planner
+        self.router = router
+        self.book = book
+        self._on_fatal = on_fatal
+        self.stats = BatchStats()
+
+    def settle(self, completions: deque[Work]) -> int:
+        """Settle every finished call; returns how many."""
+        if not completions:
+            return 0
+        stats = self.stats
+        outcomes = stats.outcomes
+        durations: dict[str, Buckets] = {}
+        # wall-clock seconds = perf_counter() - shift (for lateness against epoch due times)
+        shift = time.perf_counter() - time.time()
+        now_ms = int(time.time() * 1000)
+        n = 0
+        popleft = completions.popleft
+        while completions:
+            w = popleft()
+            n += 1
+            st = w.part
+            if st.lost:
+                continue
+            topic = w.topic
+            buckets = durations.get(topic)
+            if buckets is None:
+                buckets = durations[topic] = stats.duration(topic)
+            buckets.observe(w.seconds)
+            if w.due:
+                stats.late(topic).observe(max(0.0, (w.started - shift) - w.due / 1000))
+            result = w.result
+            assert result is not None
+            outcome = result.outcome
+            if outcome is _SUCCESS:
+                w.state = 4  # Work.DONE
+                outcomes[(topic, "success")] += 1
+            elif outcome is _DROP:
+                w.state = 4
+                outcomes[(topic, "dropped")] += 1
+            else:
+                env = w._env or envelope_for_source(topic, w.partition, w.offset, w.timestamp)
+                route = self.planner.failure(env, w.headers, result, now_ms)
+                if route.is_dead:
+                    log.info(
+                        "%s dead-lettered (%s): %s", w.where, route.dead_reason, result.error_class
+                    )
+                self.route(w, route)
+        return n
+
+    def route(self, w: Work, route: Route) -> None:
+        """Send ``w``'s routed copy; ``w`` settles on the acknowledgement."""
+        w.state = Work.ROUTING
+        topic = w.topic
+        stats = self.stats
+        outcome = "dead" if route.is_dead else "retried"
+        reason = route.dead_reason
+        book = self.book
+
+        def acked(partition: int, offset: int) -> None:
+            w.state = Work.DONE
+            s = self.stats  # the current batch's stats, not the one at send time
+            s.outcomes[(topic, outcome)] += 1
+            if reason is not None:
+                s.dead[reason] += 1
+            target = book.parts.get((route.topic, partition))
+            if target is not None and offset + 1 > target.known_end:
+                target.known_end = offset + 1
+
+        def failed(err: KafkaError) -> None:
+            hint = ""
+            if err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
+                hint = (
+                    " (the copy carries retryd headers on top of the original: raise the producer's"
+                    " message.max.bytes and the tier/failed topics' max.message.bytes)"
+                )
+            exc = DeliveryError(
+                f"routed copy of {w.where} to {route.topic} failed: {err.str()}{hint}; "
+                "the input stays uncommitted and is redone after a restart"
+            )
+            log.error("%s", exc)
+            self._on_fatal(exc)
+
+        del stats
+        raw = w._raw
+        if raw is not None:
+            key, value = raw.key(), raw.value()
+        else:
+            key, value = w.key, w.value
+        self.router.send(route, key, value, w.partition, acked, failed)
+
+    def take_stats(self) -> BatchStats:
+        """This iteration's observations; a fresh accumulator starts."""
+        stats, self.stats = self.stats, BatchStats()
+        return stats
