@@ -1,15 +1,15 @@
-"""Worker throughput and memory, as ratios against a raw confluent-kafka loop in the same run.
+"""Worker benchmarks: ``retryd worker`` run through the CLI at default settings, against raw
+confluent-kafka loops measured in the same run, reported as ratios.
 
-    python bench/bench_worker.py [--messages 200000] [--fail-share 0.1]
+    python bench/bench_worker.py                 # every scenario, 3 repeats, medians
+    python bench/bench_worker.py --quick         # seconds: checks the harness, not the numbers
+    python bench/bench_worker.py --only success,routing --repeat 5
 
-Scenarios (each in its own process, so peak RSS is per scenario):
-- ``raw``: a bare consumer (same group settings, batch consume, store_offsets per message):
-  the floor of what any Python worker on this client can do.
-- ``raw_route``: the bare consumer that also produces ``fail_share`` of the messages to another
-  topic (acks=all, idempotent) and stores offsets after delivery: the floor for routing.
-- ``retryd``: ``Worker`` with a no-op Python handler (success path).
-- ``retryd_fail``: ``Worker`` whose handler fails ``fail_share`` of the messages (routed to a tier).
-Uses the embedded broker unless RETRYD_TEST_BOOTSTRAP is set. Results go to bench/results/.
+Each scenario runs on a fresh embedded broker (or ``RETRYD_TEST_BOOTSTRAP``). retryd throughput
+is read from the worker's own metric files (``retryd_messages_total``), the way a dashboard
+sees it, from the first record counted to the N-th; raw loops time first record to N-th done.
+So group joins never count. Results go to ``bench/results/worker.json`` and the worker section
+of ``BENCHMARKS.md``.
 """
 
 from __future__ import annotations
@@ -17,228 +17,427 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
+import platform
+import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench import harness as h  # noqa: E402
 
-def produce(bootstrap: str, topic: str, n: int, fail_share: float) -> None:
-    from confluent_kafka import Producer
-
-    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.num.messages": 10000})
-    every = int(1 / fail_share) if fail_share > 0 else 0
-    for i in range(n):
-        fail = every and i % every == 0
-        value = (b"F" if fail else b"O") + b"x" * 99
-        while True:
-            try:
-                p.produce(topic, key=str(i).encode(), value=value)
-                break
-            except BufferError:
-                p.poll(0.05)
-        p.poll(0)
-    p.flush(60)
+PARTITIONS = 6
+VALUE_BYTES = 200
 
 
-# Read once: the handler module is imported by load_handler after run_retryd set it.
-_FAIL = os.environ.get("BENCH_FAIL") == "1"
+def _value(i: int) -> bytes:
+    head = str(i).encode()
+    return head + b"x" * (VALUE_BYTES - len(head))
 
 
-def bench_handler(message: object) -> None:
-    """No-op handler that fails messages whose value starts with F (only in retryd_fail)."""
-    value = getattr(message, "value", b"") or b""
-    if _FAIL and value[:1] == b"F":
-        raise RuntimeError("bench failure")
+class Run:
+    """One scenario's context: scratch directory, quick mode, extra settings."""
+
+    def __init__(self, quick: bool, scratch: Path) -> None:
+        self.quick = quick
+        self.scratch = scratch
+        # Quick mode only: a short session timeout (the embedded broker's first JoinGroup
+        # waits half of it). Full runs keep every default.
+        self.base_env = {"RETRYD_SESSION_TIMEOUT_MS": "6000"} if quick else {}
+
+    def cli(self, bootstrap: str, topic: str, handler: str, **env: str) -> h.Cli:
+        state = self.scratch / uuid.uuid4().hex[:8]
+        return h.Cli(
+            bootstrap,
+            topic,
+            handler,
+            state,
+            extra_env={**self.base_env, **env},
+            log=self.scratch / "worker.log",
+        )
 
 
-def run_raw(bootstrap: str, topic: str, n: int, route_to: str | None) -> float:
-    from confluent_kafka import Consumer, Producer
+def _throughput(run: Run, cli: h.Cli, topic: str, outcome: str, n: int, *args: str) -> dict:
+    proc = cli.start(*args)
+    metrics = h.Metrics(cli.state_dir)
+    try:
+        elapsed = h.time_until(lambda: metrics.messages(topic, outcome), n, proc, timeout_s=900)
+        rss = h.peak_rss_mb(proc.pid) if not args else None
+    finally:
+        code = h.stop(proc)
+    if code != 0:
+        raise SystemExit(f"retryd worker exited with {code} (see {cli.log})")
+    out = {"seconds": elapsed, "msgs_per_s": n / elapsed}
+    if rss is not None:
+        out["rss_mb"] = rss
+    return out
 
-    c = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"bench-raw-{uuid.uuid4().hex[:8]}",
-            "auto.offset.reset": "earliest",
-            "enable.auto.offset.store": False,
-            "session.timeout.ms": 6000,
-            "partition.assignment.strategy": "cooperative-sticky",
-        }
+
+def _main_topic(bootstrap: str, n: int, keys: int) -> str:
+    topic = f"bench-{uuid.uuid4().hex[:8]}"
+    h.create_topics(bootstrap, [topic], PARTITIONS)
+    t0 = time.monotonic()
+    h.produce(bootstrap, topic, n, value=_value, key=lambda i: str(i % keys).encode())
+    print(f"  produced {n} records in {time.monotonic() - t0:.1f}s", file=sys.stderr)
+    return topic
+
+
+# ------------------------------------------------------------------ scenarios
+def success(run: Run, n: int) -> dict:
+    """Success path: no-op sync handler vs raw consume + store_offsets per message. Also
+    ``--processes 2`` vs 1 on the same topic."""
+    with h.broker() as b:
+        topic = _main_topic(b, n, 50_000)
+        raw = h.run_child("raw", b, topic, str(n))
+        cli = run.cli(b, topic, "python:bench.handlers:noop")
+        cli.topics_create()
+        one = _throughput(run, cli, topic, "success", n)
+        two = _throughput(
+            run,
+            run.cli(b, topic, "python:bench.handlers:noop"),
+            topic,
+            "success",
+            n,
+            "--processes",
+            "2",
+        )
+    return {
+        "raw": raw,
+        "retryd": one,
+        "retryd_2proc": two,
+        "ratio": one["msgs_per_s"] / raw["msgs_per_s"],
+        "scale_2v1": two["msgs_per_s"] / one["msgs_per_s"],
+        "rss_ratio": one["rss_mb"] / raw["rss_mb"],
+    }
+
+
+def routing(run: Run, n: int) -> dict:
+    """Every message fails once: routed to the first tier (acks=all) vs raw consume ->
+    produce with headers -> store on delivery."""
+    with h.broker() as b:
+        topic = _main_topic(b, n, 50_000)
+        h.create_topics(b, [f"{topic}.raw-tier"], PARTITIONS)
+        raw = h.run_child("raw_route", b, topic, str(n))
+        cli = run.cli(b, topic, "python:bench.handlers:fail_first")
+        cli.topics_create()
+        got = _throughput(run, cli, topic, "retried", n)
+    return {"raw": raw, "retryd": got, "ratio": got["msgs_per_s"] / raw["msgs_per_s"]}
+
+
+def _concurrent(run: Run, n: int, handler: Callable[[int], str]) -> dict:
+    """200 keys, one process, max_in_flight=64, ordering=key; the handler takes 20 ms."""
+    in_flight, latency = 64, 0.02
+    from retryd.kafka.embedded import free_port
+
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, str(ROOT / "bench" / "http_server.py"), str(port), str(latency)],
+        stdout=subprocess.PIPE,
     )
-    p = (
-        Producer(
+    try:
+        assert server.stdout is not None
+        server.stdout.readline()  # "ready"
+        with h.broker() as b:
+            topic = _main_topic(b, n, 200)
+            cli = run.cli(b, topic, handler(port), RETRYD_MAX_IN_FLIGHT=str(in_flight))
+            cli.topics_create()
+            got = _throughput(run, cli, topic, "success", n)
+    finally:
+        h.stop(server, 10)
+    ideal = in_flight / latency
+    return {"retryd": got, "ideal_msgs_per_s": ideal, "ratio": got["msgs_per_s"] / ideal}
+
+
+def http(run: Run, n: int) -> dict:
+    return _concurrent(run, n, lambda port: f"http://127.0.0.1:{port}/handle")
+
+
+def async_handler(run: Run, n: int) -> dict:
+    return _concurrent(run, n, lambda port: "python:bench.handlers:async_sleep20")
+
+
+def lateness(run: Run, n: int) -> dict:
+    """n messages produced at a steady rate, each failing 1-3 times over tiers 2s, 5s, 10s;
+    lateness = handler call start minus retry_timestamp."""
+    rate = 2000.0 if not run.quick else 500.0
+    samples_file = run.scratch / f"lateness-{uuid.uuid4().hex[:6]}.txt"
+    with h.broker() as b:
+        topic = f"bench-{uuid.uuid4().hex[:8]}"
+        h.create_topics(b, [topic], PARTITIONS)
+        cli = run.cli(
+            b,
+            topic,
+            "python:bench.handlers:tiers",
+            RETRYD_RETRY_SEQUENCE="2s,5s,10s",
+            BENCH_LATENESS_FILE=str(samples_file),
+        )
+        cli.topics_create()
+        proc = cli.start("--until-drained")
+        try:
+            _wait_assigned(cli.state_dir, proc)
+            h.produce(
+                b,
+                topic,
+                n,
+                value=lambda i: str(i % 3 + 1).encode() + b"x" * (VALUE_BYTES - 1),
+                key=lambda i: str(i % 50_000).encode(),
+                rate=rate,
+            )
+            proc.wait(600)
+        finally:
+            h.stop(proc)
+    values = sorted(int(x) for x in samples_file.read_text().split())
+    if not values:
+        raise SystemExit("lateness: no tier calls were recorded")
+
+    def pct(p: float) -> float:
+        return float(values[min(len(values) - 1, int(p * len(values)))])
+
+    return {
+        "tier_calls": len(values),
+        "rate_per_s": rate,
+        "p50_ms": pct(0.50),
+        "p99_ms": pct(0.99),
+        "max_ms": float(values[-1]),
+        "early_calls": sum(1 for v in values if v < 0),
+    }
+
+
+def _wait_assigned(state_dir: Path, proc: subprocess.Popen[bytes], timeout: float = 120) -> None:
+    from retryd.runtime.heartbeat import read_heartbeats
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"retryd worker exited with {proc.returncode}")
+        if any(hb.assigned_partitions for hb in read_heartbeats(state_dir)):
+            return
+        time.sleep(0.1)
+    raise SystemExit("the worker was never assigned partitions")
+
+
+def memory(run: Run, n_small: int, n_big: int) -> dict:
+    """Peak RSS of a worker facing n_big vs n_small not-yet-due records in a tier."""
+    out = {}
+    for label, n in (("small", n_small), ("big", n_big)):
+        with h.broker() as b:
+            topic = f"bench-{uuid.uuid4().hex[:8]}"
+            h.create_topics(b, [topic], PARTITIONS)
+            cli = run.cli(b, topic, "python:bench.handlers:noop")
+            cli.topics_create()
+            due = str(int(time.time() * 1000) + 3_600_000).encode()
+            group = cli.group.encode()
+
+            def headers(i: int) -> list[tuple[str, bytes]]:
+                return [
+                    ("retry_number", b"1"),
+                    ("retry_timestamp", due),
+                    ("retryd_original_topic", topic.encode()),
+                    ("retryd_original_partition", b"0"),
+                    ("retryd_original_offset", str(i).encode()),
+                    ("retryd_group", group),
+                ]
+
+            t0 = time.monotonic()
+            h.produce(
+                b, "retry_1h", n, value=_value, key=lambda i: str(i).encode(), headers=headers
+            )
+            print(f"  produced {n} tier records in {time.monotonic() - t0:.1f}s", file=sys.stderr)
+            proc = cli.start()
+            try:
+                _wait_assigned(cli.state_dir, proc)
+                time.sleep(8 if run.quick else 20)  # let it fill its buffers and pause
+                out[label] = {"records": n, "peak_rss_mb": h.peak_rss_mb(proc.pid)}
+            finally:
+                h.stop(proc)
+    out["ratio"] = out["big"]["peak_rss_mb"] / out["small"]["peak_rss_mb"]
+    return out
+
+
+# ------------------------------------------------------------------ report
+TARGETS = {
+    "success": ("success path, default settings vs raw consume + store", "ratio", ">=", 0.85),
+    "routing": (
+        "routing, every message fails once vs raw consume → produce → store on delivery",
+        "ratio",
+        ">=",
+        0.80,
+    ),
+    "http": (
+        "HTTP handler 20 ms, 200 keys, 1 process, max_in_flight=64 vs 64/20ms",
+        "ratio",
+        ">=",
+        0.70,
+    ),
+    "async": ("async def handler awaiting 20 ms, same shape vs 64/20ms", "ratio", ">=", 0.80),
+    "lateness_p50": ("due lateness p50 (ms), tiers 2s/5s/10s", "p50_ms", "<=", 50),
+    "lateness_p99": ("due lateness p99 (ms), tiers 2s/5s/10s", "p99_ms", "<=", 250),
+    "memory": ("peak RSS, 1,000,000 vs 10,000 not-yet-due tier records", "ratio", "<=", 1.10),
+    "scale": ("2 processes vs 1, 6 partitions", "scale_2v1", ">=", 1.7),
+}
+
+
+def _median(runs: list[dict], key: str) -> float:
+    return statistics.median(r[key] for r in runs)
+
+
+def summarize(results: dict[str, list[dict]]) -> list[dict]:
+    rows = []
+    for name, (label, key, op, target) in TARGETS.items():
+        source = {"lateness_p50": "lateness", "lateness_p99": "lateness", "scale": "success"}.get(
+            name, name
+        )
+        runs = results.get(source)
+        if not runs:
+            continue
+        value = _median(runs, key)
+        met = value >= target if op == ">=" else value <= target
+        rows.append(
             {
-                "bootstrap.servers": bootstrap,
-                "acks": "all",
-                "enable.idempotence": True,
-                "linger.ms": 5,
+                "row": name,
+                "figure": label,
+                "target": f"{op} {target}",
+                "measured": round(value, 3),
+                "runs": [round(r[key], 3) for r in runs],
+                "met": met,
             }
         )
-        if route_to
-        else None
-    )
-    c.subscribe([topic])
-    seen = 0
-    start = None
-    while seen < n:
-        batch = c.consume(500, 1.0)
-        if batch and start is None:
-            start = time.perf_counter()
-        for msg in batch:
-            if msg.error():
-                continue
-            seen += 1
-            value = msg.value() or b""
-            if p is not None and value[:1] == b"F":
-
-                def done(err, out, m=msg):  # type: ignore[no-untyped-def]
-                    c.store_offsets(message=m)
-
-                p.produce(
-                    route_to,
-                    key=msg.key(),
-                    value=value,
-                    headers=[("retry_number", b"1")],
-                    on_delivery=done,
-                )
-            else:
-                c.store_offsets(message=msg)
-        if p is not None:
-            p.poll(0)
-    if p is not None:
-        p.flush(30)
-    elapsed = time.perf_counter() - (start or time.perf_counter())
-    c.close()
-    return elapsed
+    return rows
 
 
-def run_retryd(bootstrap: str, topic: str, n: int, fail: bool) -> float:
-    from retryd.config import load_settings
-    from retryd.handlers.loader import load_handler
-    from retryd.worker.engine import Worker
+def machine() -> dict[str, Any]:
+    import confluent_kafka
 
-    os.environ["BENCH_FAIL"] = "1" if fail else "0"
-    group = f"bench-{uuid.uuid4().hex[:8]}"
-    settings = load_settings(
-        bootstrap_servers=bootstrap,
-        main_topics=topic,
-        group_id=group,
-        retry_sequence="1h",
-        tier_template=f"{topic}.retry_{{delay}}",
-        failed_topic=f"{topic}.failed",
-        handler="python:bench.bench_worker:bench_handler",
-        session_timeout_ms=6000,
-        state_dir=Path(f"/tmp/retryd-bench-{group}"),
-        role="main",
-    )
-    handler = load_handler(settings.handler, timeout_s=30)
-    worker = Worker(settings, handler, drain_grace_s=0.2)
-    summary = worker.run(until_drained=True)
-    done = summary.total("success") + summary.total("retried")
-    assert done == n, f"retryd processed {done} of {n}"
-    return summary.busy_seconds  # first message to last, like the raw loop
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    return {
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "confluent_kafka": confluent_kafka.version()[0],
+        "librdkafka": confluent_kafka.libversion()[0],
+        "broker": "external" if os.environ.get("RETRYD_TEST_BOOTSTRAP") else "embedded Tansu",
+        "retryd_commit": commit,
+    }
+
+
+def write_markdown(rows: list[dict], info: dict[str, Any], params: dict[str, Any]) -> None:
+    path = ROOT / "BENCHMARKS.md"
+    begin, end = "<!-- worker:begin -->", "<!-- worker:end -->"
+    lines = [
+        begin,
+        "## Worker (`bench/bench_worker.py`)",
+        "",
+        f"Machine: {info['cpus']} CPUs, {info['platform']}, Python {info['python']}, "
+        f"confluent-kafka {info['confluent_kafka']} (librdkafka {info['librdkafka']}), "
+        f"broker: {info['broker']}, retryd {info['retryd_commit']}.",
+        f"Settings: `retryd worker` CLI defaults (max_in_flight=16, ordering=key, batch_size=500, "
+        f"multiprocess metrics on) except where a row says otherwise; {PARTITIONS} partitions, "
+        f"{VALUE_BYTES}-byte values; N = {params['n']} (success, routing), {params['n_http']} "
+        f"(HTTP, async), {params['n_lateness']} (lateness); {params['repeat']} repeat(s), "
+        "median shown, every run listed.",
+        "",
+        "| figure | target | measured (median) | runs | met |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        runs = ", ".join(str(x) for x in r["runs"])
+        lines.append(
+            f"| {r['figure']} | {r['target']} | {r['measured']} | {runs} | "
+            f"{'met' if r['met'] else 'not met'} |"
+        )
+    lines.append(end)
+    block = "\n".join(lines)
+    text = path.read_text() if path.exists() else "# Benchmarks\n\n"
+    if begin in text:
+        text = text[: text.index(begin)] + block + text[text.index(end) + len(end) :]
+    else:
+        text = text.rstrip() + "\n\n" + block + "\n"
+    path.write_text(text)
 
 
 def child(args: argparse.Namespace) -> None:
-    if args.scenario in ("raw", "raw_route"):
-        route = f"{args.topic}.retry_1h" if args.scenario == "raw_route" else None
-        elapsed = run_raw(args.bootstrap, args.topic, args.messages, route)
-    else:
-        elapsed = run_retryd(
-            args.bootstrap, args.topic, args.messages, args.scenario == "retryd_fail"
-        )
+    import resource
+
+    kind, bootstrap, topic, n = args.child
+    route = f"{topic}.raw-tier" if kind == "raw_route" else None
+    elapsed = h.raw_loop(bootstrap, topic, int(n), route)
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps({"elapsed_s": elapsed, "rss_mb": rss_mb}))
+    print(json.dumps({"seconds": elapsed, "msgs_per_s": int(n) / elapsed, "rss_mb": rss_mb}))
+
+
+SCENARIOS = ("success", "routing", "http", "async", "lateness", "memory")
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--messages", type=int, default=200_000)
-    ap.add_argument("--fail-share", type=float, default=0.1)
-    ap.add_argument("--scenario")
-    ap.add_argument("--bootstrap")
-    ap.add_argument("--topic")
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test of the harness")
+    ap.add_argument("--repeat", type=int, default=None)
+    ap.add_argument("--only", default=",".join(SCENARIOS))
+    ap.add_argument("--messages", type=int, help="N for success/routing (default 500000)")
+    ap.add_argument("--no-write", action="store_true", help="print only; keep result files")
+    ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.scenario:
+    if args.child:
         child(args)
         return
-
-    from retryd.kafka.embedded import EmbeddedBroker
-    from tests.support import create_topics
-
-    broker = None
-    bootstrap = os.environ.get("RETRYD_TEST_BOOTSTRAP")
-    if not bootstrap:
-        broker = EmbeddedBroker().start()
-        bootstrap = broker.bootstrap
-    try:
-        topic = f"bench-{uuid.uuid4().hex[:8]}"
-        create_topics(bootstrap, [topic, f"{topic}.retry_1h"], 4)
-        create_topics(bootstrap, [f"{topic}.failed"], 1)
-        t0 = time.perf_counter()
-        produce(bootstrap, topic, args.messages, args.fail_share)
+    quick = args.quick
+    repeat = args.repeat or (1 if quick else 3)
+    params = {
+        "n": 5_000 if quick else 500_000,
+        "n_http": 600 if quick else 20_000,
+        "n_lateness": 1_000 if quick else 50_000,
+        "mem": (2_000, 20_000) if quick else (10_000, 1_000_000),
+        "repeat": repeat,
+    }
+    if args.messages:
+        params["n"] = args.messages
+    wanted = [s for s in args.only.split(",") if s]
+    unknown = set(wanted) - set(SCENARIOS)
+    if unknown:
+        raise SystemExit(f"unknown scenarios: {', '.join(sorted(unknown))}")
+    results: dict[str, list[dict]] = {}
+    with tempfile.TemporaryDirectory(prefix="retryd-bench-") as scratch:
+        run = Run(quick, Path(scratch))
+        for i in range(repeat):
+            for name in wanted:
+                print(f"[{i + 1}/{repeat}] {name}", file=sys.stderr)
+                if name == "success":
+                    res = success(run, params["n"])
+                elif name == "routing":
+                    res = routing(run, params["n"])
+                elif name == "http":
+                    res = http(run, params["n_http"])
+                elif name == "async":
+                    res = async_handler(run, params["n_http"])
+                elif name == "lateness":
+                    res = lateness(run, params["n_lateness"])
+                else:
+                    res = memory(run, *params["mem"])
+                print(f"  {json.dumps(res)}", file=sys.stderr)
+                results.setdefault(name, []).append(res)
+    rows = summarize(results)
+    info = machine()
+    for r in rows:
         print(
-            f"produced {args.messages} messages in {time.perf_counter() - t0:.1f}s", file=sys.stderr
+            f"{r['row']:14s} {r['measured']:>9} (target {r['target']}) "
+            f"{'met' if r['met'] else 'NOT MET'}  runs={r['runs']}"
         )
-        results: dict[str, dict[str, float]] = {}
-        for scenario in ("raw", "retryd", "raw_route", "retryd_fail"):
-            out = subprocess.run(
-                [
-                    sys.executable,
-                    __file__,
-                    "--scenario",
-                    scenario,
-                    "--bootstrap",
-                    bootstrap,
-                    "--topic",
-                    topic,
-                    "--messages",
-                    str(args.messages),
-                ],
-                check=False,
-                capture_output=True,
-                text=True,
-                cwd=ROOT,
-            )
-            if out.returncode != 0:
-                raise SystemExit(f"scenario {scenario} failed:\n{out.stderr[-3000:]}")
-            res = json.loads(out.stdout.strip().splitlines()[-1])
-            res["msgs_per_s"] = args.messages / res["elapsed_s"]
-            results[scenario] = res
-            print(
-                f"{scenario:12s} {res['msgs_per_s']:>10.0f} msg/s  peak RSS {res['rss_mb']:.0f} MB",
-                file=sys.stderr,
-            )
-        ratios = {
-            "success_path_vs_raw": results["retryd"]["msgs_per_s"] / results["raw"]["msgs_per_s"],
-            "failure_path_vs_raw_route": results["retryd_fail"]["msgs_per_s"]
-            / results["raw_route"]["msgs_per_s"],
-            "rss_vs_raw": results["retryd"]["rss_mb"] / results["raw"]["rss_mb"],
-        }
-        for k, v in ratios.items():
-            print(f"{k:28s} {v:.2f}", file=sys.stderr)
-        out_dir = ROOT / "bench" / "results"
-        out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "worker.json").write_text(
-            json.dumps(
-                {
-                    "messages": args.messages,
-                    "fail_share": args.fail_share,
-                    "results": results,
-                    "ratios": ratios,
-                    "broker": "external" if broker is None else "embedded tansu",
-                },
-                indent=2,
-            )
-        )
-    finally:
-        if broker is not None:
-            broker.stop()
+    report = {"quick": quick, "params": params, "machine": info, "rows": rows, "results": results}
+    print(json.dumps({"rows": rows}))
+    if not args.no_write and not quick:
+        out = ROOT / "bench" / "results" / "worker.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=2))
+        write_markdown(rows, info, params)
 
 
 if __name__ == "__main__":

@@ -344,7 +344,9 @@ class Worker:
 
     def _shutdown(self) -> None:
         try:
-            if self._router is not None and self._fatal is None:
+            if self._router is not None and (
+                self._fatal is None or isinstance(self._fatal, HungHandlersError)
+            ):
                 self._finish_consumed()
             states = list(self.book.parts.values())
             self._release(states, why="shutdown")

@@ -193,8 +193,8 @@ class Intake:
         flat = self._flat
         if flat:
             self._flat = []
-            # ordering=none: split into as many runs as there are slots, keys never chained
+            # ordering=none: one run per slot, dealt round-robin so the first records of the
+            # batch start together; runs are never chained
             n = min(self.max_in_flight, len(flat))
-            size = -(-len(flat) // n)
-            runs.extend(Run(flat[i : i + size], None) for i in range(0, len(flat), size))
+            runs.extend(Run(flat[i::n], None) for i in range(n))
         return runs

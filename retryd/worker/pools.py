@@ -155,6 +155,7 @@ class ThreadPool:
                 self._abandoned,
             )
             work.result = timeout_result(self.timeout_s)
+            work.started = slot.started
             work.seconds = self.timeout_s
             work.state = Work.FINISHED
             self.completions.append(work)
@@ -291,8 +292,9 @@ class LoopPool:
             len(stuck),
             self._abandoned,
         )
-        for work, run, index in stuck:
+        for work, run, index, started in stuck:
             work.result = timeout_result(self.timeout_s)
+            work.started = started
             work.seconds = self.timeout_s
             work.state = Work.FINISHED
             self.completions.append(work)
@@ -427,14 +429,14 @@ class _Loop:
                 slot.run = None
                 run = finish(run)
 
-    def abandon(self) -> list[tuple[Work, Run | None, int]]:
+    def abandon(self) -> list[tuple[Work, Run | None, int, float]]:
         """Give up on this loop: the calls it is running, with where each stood in its run."""
         self.abandoned = True  # a slot finishing from now on returns without completing
         stuck = []
         for slot in self.slots:
             with slot.lock:
                 if slot.work is not None:
-                    stuck.append((slot.work, slot.run, slot.index))
+                    stuck.append((slot.work, slot.run, slot.index, slot.started))
         with contextlib.suppress(RuntimeError):
             self.loop.call_soon_threadsafe(self.loop.stop)
         return stuck

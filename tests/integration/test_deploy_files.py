@@ -43,6 +43,9 @@ SPEC_METRICS = {
     "retryd_rebalances_total": "counter",
     "retryd_replayed_total": "counter",
     "retryd_build_info": "gauge",
+    "retryd_handler_inflight": "gauge",
+    "retryd_abandoned_handlers_total": "counter",
+    "retryd_skipped_total": "counter",
 }
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 METRIC_RE = re.compile(r"\b(retryd_[a-z0-9_]+)\b")

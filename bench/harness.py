@@ -1,0 +1,296 @@
+"""What the worker benchmarks share: a broker per scenario, producing, the retryd CLI as a
+subprocess, reading its metrics the way a dashboard would, and the raw confluent-kafka loops.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@contextmanager
+def broker() -> Iterator[str]:
+    """A fresh embedded broker (or ``RETRYD_TEST_BOOTSTRAP``): scenarios never share tiers."""
+    external = os.environ.get("RETRYD_TEST_BOOTSTRAP")
+    if external:
+        yield external
+        return
+    from retryd.kafka.embedded import EmbeddedBroker
+
+    b = EmbeddedBroker().start()
+    try:
+        yield b.bootstrap
+    finally:
+        b.stop()
+
+
+def produce(
+    bootstrap: str,
+    topic: str,
+    n: int,
+    *,
+    value: Callable[[int], bytes],
+    key: Callable[[int], bytes | None],
+    headers: Callable[[int], list[tuple[str, bytes]]] | None = None,
+    rate: float | None = None,
+) -> None:
+    """Produce ``n`` records (acks=all); at ``rate`` records per second when given."""
+    from confluent_kafka import Producer
+
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.num.messages": 10000})
+    start = time.monotonic()
+    for i in range(n):
+        if rate and i % 100 == 0:
+            ahead = start + i / rate - time.monotonic()
+            if ahead > 0:
+                p.poll(ahead)
+        kwargs: dict[str, Any] = {"key": key(i), "value": value(i)}
+        if headers is not None:
+            kwargs["headers"] = headers(i)
+        while True:
+            try:
+                p.produce(topic, **kwargs)
+                break
+            except BufferError:
+                p.poll(0.05)
+        p.poll(0)
+    left = p.flush(120)
+    if left:
+        raise SystemExit(f"producing to {topic}: {left} records not acknowledged")
+
+
+def create_topics(bootstrap: str, names: list[str], partitions: int) -> None:
+    from tests.support import create_topics as create
+
+    create(bootstrap, names, partitions)
+
+
+@dataclass
+class Cli:
+    """``retryd worker`` as users run it: a subprocess with RETRYD_* settings."""
+
+    bootstrap: str
+    main_topic: str
+    handler: str
+    state_dir: Path
+    group: str = field(default_factory=lambda: f"bench-{uuid.uuid4().hex[:8]}")
+    extra_env: dict[str, str] = field(default_factory=dict)
+    log: Path | None = None
+
+    def env(self) -> dict[str, str]:
+        return {
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "RETRYD_BOOTSTRAP_SERVERS": self.bootstrap,
+            "RETRYD_MAIN_TOPICS": self.main_topic,
+            "RETRYD_HANDLER": self.handler,
+            "RETRYD_GROUP_ID": self.group,
+            "RETRYD_STATE_DIR": str(self.state_dir),
+            **self.extra_env,
+        }
+
+    def topics_create(self) -> None:
+        subprocess.run(
+            [sys.executable, "-m", "retryd", "topics", "create"],
+            env=self.env(),
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+        )
+
+    def start(self, *args: str) -> subprocess.Popen[bytes]:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        out = open(self.log or os.devnull, "ab")  # noqa: SIM115 - owned by the child
+        return subprocess.Popen(
+            [sys.executable, "-m", "retryd", "worker", *args],
+            env=self.env(),
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+
+
+def stop(proc: subprocess.Popen[bytes], timeout: float = 60) -> int:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+    return proc.returncode
+
+
+class Metrics:
+    """Reads the worker's multiprocess metric files, as the sidecar's /metrics would."""
+
+    def __init__(self, state_dir: Path) -> None:
+        from prometheus_client import CollectorRegistry
+        from prometheus_client.multiprocess import MultiProcessCollector
+
+        self.dir = state_dir / "metrics"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._collector = MultiProcessCollector(CollectorRegistry(), path=str(self.dir))
+
+    def messages(self, topic: str, outcome: str) -> float:
+        total = 0.0
+        for metric in self._collector.collect():
+            if metric.name != "retryd_messages":
+                continue
+            for s in metric.samples:
+                if (
+                    s.name == "retryd_messages_total"
+                    and s.labels.get("topic") == topic
+                    and s.labels.get("outcome") == outcome
+                ):
+                    total += s.value
+        return total
+
+
+def time_until(
+    count: Callable[[], float],
+    n: int,
+    proc: subprocess.Popen[bytes],
+    *,
+    timeout_s: float,
+    interval_s: float = 0.05,
+) -> float:
+    """Seconds from the first counted record to the n-th (group join excluded)."""
+    first: float | None = None
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"retryd worker exited with {proc.returncode} before {n} records")
+        value = count()
+        now = time.monotonic()
+        if value > 0 and first is None:
+            first = now
+        if value >= n:
+            assert first is not None
+            return max(now - first, 1e-6)
+        time.sleep(interval_s)
+    raise SystemExit(f"timed out: {count()} of {n} records after {timeout_s}s")
+
+
+def peak_rss_mb(pid: int) -> float:
+    """VmHWM (peak resident set) of a live process, in MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise SystemExit(f"no VmHWM for pid {pid}")
+
+
+# ------------------------------------------------------------------ raw baselines
+ROUTED_HEADERS = 9  # retryd's header count on a first-tier copy (group included)
+
+
+def raw_loop(bootstrap: str, topic: str, n: int, route_to: str | None) -> float:
+    """A bare consumer: subscribe, consume(500), store_offsets per message; with ``route_to``
+    it produces every message there with retryd-sized headers (acks=all, idempotent) and
+    stores the offset on delivery. Seconds from the first message to the n-th done."""
+    from confluent_kafka import Consumer, Producer
+
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"bench-raw-{uuid.uuid4().hex[:8]}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.offset.store": False,
+            "session.timeout.ms": 6000,
+            "partition.assignment.strategy": "cooperative-sticky",
+        }
+    )
+    p = (
+        Producer(
+            {
+                "bootstrap.servers": bootstrap,
+                "acks": "all",
+                "enable.idempotence": True,
+                "linger.ms": 5,
+            }
+        )
+        if route_to
+        else None
+    )
+    c.subscribe([topic])
+    done = 0
+    start: float | None = None
+
+    def delivered(err: Any, msg: Any) -> None:
+        nonlocal done
+        done += 1
+
+    while done < n:
+        batch = c.consume(500, 1.0)
+        if batch and start is None:
+            start = time.perf_counter()
+        for msg in batch:
+            if msg.error():
+                continue
+            if p is not None:
+                now = str(int(time.time() * 1000)).encode()
+                headers = [
+                    ("retry_number", b"1"),
+                    ("retry_timestamp", now),
+                    ("retryd_original_topic", topic.encode()),
+                    ("retryd_original_partition", str(msg.partition()).encode()),
+                    ("retryd_original_offset", str(msg.offset()).encode()),
+                    ("retryd_original_timestamp", now),
+                    ("retryd_first_failure_timestamp", now),
+                    ("retryd_error_class", b"RuntimeError"),
+                    ("retryd_error_message", b"bench: first attempt fails"),
+                ]
+
+                def on_delivery(err: Any, out: Any, m: Any = msg) -> None:
+                    c.store_offsets(message=m)
+                    delivered(err, out)
+
+                while True:
+                    try:
+                        p.produce(
+                            route_to,
+                            key=msg.key(),
+                            value=msg.value(),
+                            headers=headers,
+                            on_delivery=on_delivery,
+                        )
+                        break
+                    except BufferError:
+                        p.poll(0.05)
+            else:
+                c.store_offsets(message=msg)
+                done += 1
+        if p is not None:
+            p.poll(0)
+    elapsed = time.perf_counter() - (start or time.perf_counter())
+    if p is not None:
+        p.flush(30)
+    c.close()
+    return elapsed
+
+
+def run_child(*args: str) -> dict[str, Any]:
+    """Run ``bench/bench_worker.py --child …`` (a fresh process: peak RSS per baseline)."""
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "bench_worker.py"), "--child", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if out.returncode != 0:
+        raise SystemExit(f"baseline {args} failed:\n{out.stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result

@@ -1,0 +1,359 @@
+"""An in-memory Kafka for unit tests of the worker loop (in the spirit of dramatiq's StubBroker).
+
+It implements the consumer and producer calls the worker makes, with the semantics the worker
+relies on: batch ``consume`` over assigned, non-paused partitions; end-of-partition events;
+``pause`` dropping nothing we care about (positions are the broker's own); ``store_offsets`` +
+auto-commit; delivery reports served from ``poll``/``flush``; rebalances triggered by the test.
+It is *in addition to* the integration tests against a real broker, never instead.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import KafkaError, TopicPartition
+
+TP = tuple[str, int]
+
+
+@dataclass
+class StubRecord:
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes | None]]
+    timestamp: int
+
+
+class StubMessage:
+    """Quacks like ``confluent_kafka.Message``."""
+
+    __slots__ = ("_err", "_rec", "_tp")
+
+    def __init__(
+        self, rec: StubRecord | None, err: KafkaError | None = None, tp: TP | None = None
+    ) -> None:
+        self._rec = rec
+        self._err = err
+        self._tp = tp
+
+    def error(self) -> KafkaError | None:
+        return self._err
+
+    def topic(self) -> str | None:
+        return self._rec.topic if self._rec else (self._tp[0] if self._tp else None)
+
+    def partition(self) -> int | None:
+        return self._rec.partition if self._rec else (self._tp[1] if self._tp else None)
+
+    def offset(self) -> int | None:
+        return self._rec.offset if self._rec else None
+
+    def key(self) -> bytes | None:
+        return self._rec.key if self._rec else None
+
+    def value(self) -> bytes | None:
+        return self._rec.value if self._rec else None
+
+    def headers(self) -> list[tuple[str, bytes | None]] | None:
+        return list(self._rec.headers) if self._rec and self._rec.headers else None
+
+    def timestamp(self) -> tuple[int, int]:
+        return (1, self._rec.timestamp) if self._rec else (0, -1)
+
+
+class _EofMessage(StubMessage):
+    """An end-of-partition event: its offset is the partition's end."""
+
+    __slots__ = ("_end",)
+
+    def __init__(self, tp: TP, end: int) -> None:
+        super().__init__(None, KafkaError(KafkaError._PARTITION_EOF), tp)
+        self._end = end
+
+    def offset(self) -> int | None:
+        return self._end
+
+
+@dataclass
+class _Meta:
+    partitions: dict[int, Any]
+    error: Any = None
+
+
+@dataclass
+class _ClusterMeta:
+    topics: dict[str, _Meta]
+
+
+class StubBroker:
+    def __init__(self) -> None:
+        self.lock = threading.Condition()
+        self.logs: dict[str, list[list[StubRecord]]] = {}
+        self.committed: dict[tuple[str, str, int], int] = {}  # (group, topic, partition)
+        self.consumers: list[StubConsumer] = []
+        self.producers: list[StubProducer] = []
+
+    def create(self, topic: str, partitions: int = 1) -> None:
+        with self.lock:
+            self.logs.setdefault(topic, [[] for _ in range(partitions)])
+
+    def append(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        headers: list[tuple[str, bytes | None]] | None = None,
+        partition: int | None = None,
+        timestamp: int | None = None,
+    ) -> StubRecord:
+        with self.lock:
+            parts = self.logs[topic]
+            if partition is None:
+                partition = (hash(key) % len(parts)) if key is not None else 0
+            log = parts[partition]
+            rec = StubRecord(
+                topic,
+                partition,
+                len(log),
+                key,
+                value,
+                list(headers or []),
+                timestamp if timestamp is not None else int(time.time() * 1000),
+            )
+            log.append(rec)
+            self.lock.notify_all()
+            return rec
+
+    def records(self, topic: str) -> list[StubRecord]:
+        with self.lock:
+            return [r for part in self.logs[topic] for r in part]
+
+    def committed_offset(self, group: str, topic: str, partition: int = 0) -> int | None:
+        return self.committed.get((group, topic, partition))
+
+    # factories with the shape the Worker expects
+    def consumer(self, conf: dict[str, Any]) -> StubConsumer:
+        c = StubConsumer(self, conf)
+        self.consumers.append(c)
+        return c
+
+    def producer(self, conf: dict[str, Any]) -> StubProducer:
+        p = StubProducer(self, conf)
+        self.producers.append(p)
+        return p
+
+
+class StubConsumer:
+    def __init__(self, broker: StubBroker, conf: dict[str, Any]) -> None:
+        self.broker = broker
+        self.group = str(conf["group.id"])
+        self.eof_enabled = bool(conf.get("enable.partition.eof"))
+        self.topics: list[str] = []
+        self.callbacks: dict[str, Callable[..., None]] = {}
+        self.assigned: list[TP] = []
+        self.paused: set[TP] = set()
+        self.positions: dict[TP, int] = {}
+        self.stored: dict[TP, int] = {}
+        self.eof_sent: set[TP] = set()
+        self.pause_calls: list[TP] = []
+        self.resume_calls: list[TP] = []
+        self.closed = False
+        self._pending_revoke: list[TP] = []
+        self._pending_lost: list[TP] = []
+        self._joined = False
+
+    # -- test hooks
+    def trigger_revoke(self, tps: list[TP]) -> None:
+        """The next consume() runs the revoke callback for ``tps`` (like a rebalance)."""
+        self._pending_revoke.extend(tps)
+
+    def trigger_lost(self, tps: list[TP]) -> None:
+        self._pending_lost.extend(tps)
+
+    # -- Consumer API
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> _ClusterMeta:
+        with self.broker.lock:
+            return _ClusterMeta(
+                {t: _Meta({i: None for i in range(len(p))}) for t, p in self.broker.logs.items()}
+            )
+
+    def subscribe(self, topics: list[str], **callbacks: Callable[..., None]) -> None:
+        self.topics = list(topics)
+        self.callbacks = callbacks
+
+    def _start_of(self, tp: TP) -> int:
+        return self.broker.committed.get((self.group, *tp), 0)
+
+    def incremental_assign(self, partitions: list[TopicPartition]) -> None:
+        for p in partitions:
+            tp = (p.topic, p.partition)
+            if tp not in self.assigned:
+                self.assigned.append(tp)
+            self.positions[tp] = self._start_of(tp)
+            self.eof_sent.discard(tp)
+
+    def incremental_unassign(self, partitions: list[TopicPartition]) -> None:
+        for p in partitions:
+            tp = (p.topic, p.partition)
+            if tp in self.assigned:
+                self.assigned.remove(tp)
+            self.paused.discard(tp)
+
+    def pause(self, partitions: list[TopicPartition]) -> None:
+        for p in partitions:
+            self.paused.add((p.topic, p.partition))
+            self.pause_calls.append((p.topic, p.partition))
+
+    def resume(self, partitions: list[TopicPartition]) -> None:
+        for p in partitions:
+            tp = (p.topic, p.partition)
+            if tp in self.paused:
+                self.resume_calls.append(tp)
+            self.paused.discard(tp)
+
+    def store_offsets(
+        self, message: Any = None, offsets: list[TopicPartition] | None = None
+    ) -> None:
+        for p in offsets or []:
+            tp = (p.topic, p.partition)
+            if tp not in self.assigned:
+                raise AssertionError(f"store_offsets for unassigned {tp}")
+            self.stored[tp] = p.offset
+
+    def commit(
+        self, offsets: list[TopicPartition] | None = None, asynchronous: bool = True
+    ) -> None:
+        with self.broker.lock:
+            if offsets is None:
+                for tp, off in self.stored.items():
+                    self.broker.committed[(self.group, *tp)] = off
+            else:
+                for p in offsets:
+                    self.broker.committed[(self.group, p.topic, p.partition)] = p.offset
+
+    def _rebalance(self) -> None:
+        if not self._joined:
+            self._joined = True
+            with self.broker.lock:
+                tps = [
+                    TopicPartition(t, i)
+                    for t in self.topics
+                    for i in range(len(self.broker.logs.get(t, [])))
+                ]
+            self.callbacks["on_assign"](self, tps)
+        if self._pending_revoke:
+            tps = [TopicPartition(t, p) for t, p in self._pending_revoke]
+            self._pending_revoke = []
+            self.callbacks["on_revoke"](self, tps)
+            self.incremental_unassign(tps)
+        if self._pending_lost:
+            tps = [TopicPartition(t, p) for t, p in self._pending_lost]
+            self._pending_lost = []
+            self.callbacks["on_lost"](self, tps)
+            self.incremental_unassign(tps)
+
+    def consume(self, num_messages: int = 1, timeout: float = -1) -> list[Any]:
+        assert not self.closed
+        self._rebalance()
+        self.commit()  # auto-commit of stored offsets
+        deadline = time.monotonic() + max(timeout, 0)
+        with self.broker.lock:
+            while True:
+                out = self._take(num_messages)
+                if out or time.monotonic() >= deadline:
+                    return out
+                self.broker.lock.wait(max(0.0, min(0.05, deadline - time.monotonic())))
+
+    def _take(self, n: int) -> list[Any]:
+        out: list[Any] = []
+        for tp in list(self.assigned):
+            if tp in self.paused:
+                continue
+            log = self.broker.logs[tp[0]][tp[1]]
+            pos = self.positions[tp]
+            while pos < len(log) and len(out) < n:
+                out.append(StubMessage(log[pos]))
+                pos += 1
+                self.eof_sent.discard(tp)
+            self.positions[tp] = pos
+            if pos >= len(log) and self.eof_enabled and tp not in self.eof_sent and len(out) < n:
+                out.append(_EofMessage(tp, pos))
+                self.eof_sent.add(tp)
+        return out
+
+    def close(self) -> None:
+        if self.assigned and "on_revoke" in self.callbacks:
+            self.callbacks["on_revoke"](self, [TopicPartition(t, p) for t, p in self.assigned])
+        self.commit()
+        self.closed = True
+
+
+@dataclass
+class _Pending:
+    callback: Callable[[KafkaError | None, Any], None] | None
+    record: StubRecord | None
+    error: KafkaError | None
+
+
+@dataclass
+class StubProducer:
+    broker: StubBroker
+    conf: dict[str, Any]
+    queue_limit: int = 100_000
+    fail_topics: dict[str, int] = field(default_factory=dict)  # topic -> KafkaError code
+    hold: bool = False  # keep delivery reports until released (acks in flight)
+    pending: list[_Pending] = field(default_factory=list)
+    buffer_errors: int = 0
+    produced: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+
+    def produce(self, topic: str, **kw: Any) -> None:
+        if len(self.pending) >= self.queue_limit:
+            self.buffer_errors += 1
+            raise BufferError("Local: Queue full")
+        cb = kw.get("on_delivery")
+        if topic in self.fail_topics:
+            self.pending.append(_Pending(cb, None, KafkaError(self.fail_topics[topic])))
+            return
+        rec = self.broker.append(
+            topic,
+            kw.get("key"),
+            kw.get("value"),
+            kw.get("headers"),
+            kw.get("partition"),
+            kw.get("timestamp"),
+        )
+        self.produced[topic] += 1
+        self.pending.append(_Pending(cb, rec, None))
+
+    def poll(self, timeout: float = 0) -> int:
+        if self.hold:
+            return 0
+        served, self.pending = self.pending, []
+        for p in served:
+            if p.callback is not None:
+                p.callback(p.error, _Delivered(p.record) if p.record else None)
+        return len(served)
+
+    def flush(self, timeout: float = -1) -> int:
+        self.hold = False
+        self.poll()
+        return 0
+
+
+class _Delivered:
+    def __init__(self, rec: StubRecord) -> None:
+        self._rec = rec
+
+    def partition(self) -> int:
+        return self._rec.partition
+
+    def offset(self) -> int:
+        return self._rec.offset

@@ -1,0 +1,173 @@
+"""Pieces of the worker with no I/O of their own: the ordering scheduler, the partition window,
+the router's back-pressure, the book's pause reasons, the due-time clamp, the event sinks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from confluent_kafka import TopicPartition
+from hypothesis import given
+from hypothesis import strategies as st
+
+from retryd.policy.routing import Route
+from retryd.worker.book import PartitionBook
+from retryd.worker.events import BatchStats, Buckets
+from retryd.worker.intake import effective_due_ms
+from retryd.worker.partition import PAUSE_BUFFER, PAUSE_PRODUCER, PartitionState
+from retryd.worker.router import Router
+from retryd.worker.scheduler import Run, Scheduler
+from retryd.worker.summary import RunSummary
+from retryd.worker.work import Work
+from tests.stub_kafka import StubBroker
+
+
+def _work(offset: int, part: PartitionState | None = None) -> Work:
+    w = Work.__new__(Work)
+    w.offset = offset
+    w.state = Work.QUEUED
+    w.size = 10
+    w.part = part or PartitionState("t", 0, None)
+    return w
+
+
+# ------------------------------------------------------------------ scheduler
+def test_runs_of_one_key_chain_and_continue_in_order() -> None:
+    s = Scheduler()
+    a1, a2, b1 = Run([_work(0)], "a"), Run([_work(2)], "a"), Run([_work(1)], "b")
+    assert s.submit([a1, b1]) == 2
+    assert s.submit([a2]) == 0  # "a" is busy: chained, not ready
+    assert s.take() is a1 and s.take() is b1 and s.take() is None
+    assert s.finish(a1) is a2  # the slot continues with the key's next run
+    assert s.finish(a2) is None and s.busy_keys == 1
+    assert s.finish(b1) is None and s.busy_keys == 0
+
+
+def test_keyless_runs_never_chain() -> None:
+    s = Scheduler()
+    assert s.submit([Run([_work(0)], None), Run([_work(1)], None)]) == 2
+
+
+def test_replace_puts_the_rest_of_an_abandoned_run_first_and_keeps_the_chain() -> None:
+    s = Scheduler()
+    first, second = Run([_work(0), _work(1), _work(2)], "k"), Run([_work(3)], "k")
+    s.submit([first, second])
+    assert s.take() is first
+    s.submit([Run([_work(9)], "other")])
+    rest = Run(first.items[1:], "k")
+    s.replace(first, rest)
+    assert s.take() is rest  # before "other"
+    assert s.finish(rest) is second  # the key's chain continues behind the replacement
+    assert s.finish(second) is None
+
+
+# ------------------------------------------------------------------ partition window
+@given(st.permutations(list(range(30))))
+def test_stored_offset_is_the_contiguous_settled_prefix(order: list[int]) -> None:
+    part = PartitionState("t", 0, None)
+    works = [_work(o, part) for o in range(30)]
+    part.pending.extend(works)
+    stored: list[int] = []
+    settled: set[int] = set()
+    for o in order:
+        works[o].state = Work.DONE
+        settled.add(o)
+        nxt = part.advance()
+        if nxt is not None:
+            stored.append(nxt)
+        expected = next(i for i in range(31) if i not in settled)
+        assert part.stored == (expected if expected else None)
+    assert stored == sorted(stored) and stored[-1] == 30
+
+
+def test_gaps_in_offsets_store_past_them() -> None:
+    part = PartitionState("t", 0, None)
+    a, b = _work(10, part), _work(15, part)  # 11-14: compacted away or transaction markers
+    part.pending.extend([a, b])
+    a.state = Work.DONE
+    assert part.advance() == 11
+    b.state = Work.DONE
+    assert part.advance() == 16
+
+
+# ------------------------------------------------------------------ due-time clamp
+def test_due_time_is_clamped_to_record_time_plus_delay() -> None:
+    assert effective_due_ms(5_000, 4_000, 1_000, 0) == 5_000  # the normal case
+    assert effective_due_ms(10**15, 4_000, 1_000, 0) == 5_000  # absurd header
+    assert effective_due_ms(3_000, 4_000, 1_000, 0) == 3_000  # early is allowed (skewed host)
+    assert effective_due_ms(10**15, -1, 1_000, 7_000) == 8_000  # no timestamp: consume time
+
+
+# ------------------------------------------------------------------ router back-pressure
+class _Full:
+    """A producer whose queue is full for the first ``n`` produce calls."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.sent: list[Any] = []
+        self.callbacks: list[Any] = []
+
+    def produce(self, topic: str, **kw: Any) -> None:
+        if self.n > 0:
+            self.n -= 1
+            raise BufferError("Local: Queue full")
+        self.sent.append(kw["key"])
+        self.callbacks.append(kw["on_delivery"])
+
+    def poll(self, timeout: float = 0) -> int:
+        return 0
+
+    def flush(self, timeout: float = 0) -> int:
+        return 0
+
+
+def _route() -> Route:
+    return Route("tier", [], 0, 1, 0, None)
+
+
+def test_router_keeps_copies_in_order_while_the_queue_is_full() -> None:
+    producer = _Full(2)
+    router = Router(producer, {"tier": 1})
+    acked: list[int] = []
+    for i in range(3):
+        router.send(_route(), b"%d" % i, b"v", 0, lambda p, o, i=i: acked.append(i), print)
+    assert router.blocked and router.backlog == 3 and producer.sent == []
+    router.poll()  # still full: nothing overtakes the head of the backlog
+    assert router.blocked and producer.sent == []
+    router.poll()  # room again: the backlog drains in order
+    assert producer.sent == [b"0", b"1", b"2"] and not router.blocked
+
+
+# ------------------------------------------------------------------ book: pause reasons
+def test_a_partition_pauses_on_the_first_reason_and_resumes_after_the_last() -> None:
+    broker = StubBroker()
+    broker.create("t", 1)
+    consumer = broker.consumer({"group.id": "g"})
+    book = PartitionBook(consumer, {})
+    [st_] = book.assign([TopicPartition("t", 0)])
+    book.set_pause(st_, PAUSE_BUFFER, True)
+    book.set_pause(st_, PAUSE_PRODUCER, True)
+    book.set_pause(st_, PAUSE_BUFFER, False)
+    assert consumer.pause_calls == [("t", 0)] and consumer.resume_calls == []
+    book.set_pause(st_, PAUSE_PRODUCER, False)
+    assert consumer.resume_calls == [("t", 0)]
+
+
+# ------------------------------------------------------------------ events
+def test_buckets_count_like_prometheus() -> None:
+    b = Buckets((0.1, 1.0))
+    for v in (0.05, 0.1, 0.5, 2.0):
+        b.observe(v)
+    assert b.counts == [2, 1, 1]  # le=0.1 is inclusive, like Histogram.observe
+    assert b.total == 2.65
+
+
+def test_run_summary_is_a_sink_of_batch_events() -> None:
+    summary = RunSummary()
+    stats = BatchStats()
+    stats.outcomes[("t", "success")] += 3
+    stats.dead["exhausted"] += 1
+    stats.records = 3
+    summary.batch(stats, 1.0, 2.0)
+    summary.rebalance("assign", 2)
+    assert summary.total("success") == 3 and summary.dead_reasons == {"exhausted": 1}
+    assert summary.rebalances == {"assign": 1} and summary.busy_seconds == 1.0
