@@ -223,6 +223,22 @@ def _wait_assigned(state_dir: Path, proc: subprocess.Popen[bytes], timeout: floa
     raise SystemExit("the worker was never assigned partitions")
 
 
+def _tier_headers(topic: str, group: str, due_ms: int) -> Callable[[int], list[tuple[str, bytes]]]:
+    due = str(due_ms).encode()
+
+    def headers(i: int) -> list[tuple[str, bytes]]:
+        return [
+            ("retry_number", b"1"),
+            ("retry_timestamp", due),
+            ("retryd_original_topic", topic.encode()),
+            ("retryd_original_partition", b"0"),
+            ("retryd_original_offset", str(i).encode()),
+            ("retryd_group", group.encode()),
+        ]
+
+    return headers
+
+
 def memory(run: Run, n_small: int, n_big: int) -> dict:
     """Peak RSS of a worker facing n_big vs n_small not-yet-due records in a tier."""
     out = {}
@@ -232,19 +248,7 @@ def memory(run: Run, n_small: int, n_big: int) -> dict:
             h.create_topics(b, [topic], PARTITIONS)
             cli = run.cli(b, topic, "python:bench.handlers:noop")
             cli.topics_create()
-            due = str(int(time.time() * 1000) + 3_600_000).encode()
-            group = cli.group.encode()
-
-            def headers(i: int) -> list[tuple[str, bytes]]:
-                return [
-                    ("retry_number", b"1"),
-                    ("retry_timestamp", due),
-                    ("retryd_original_topic", topic.encode()),
-                    ("retryd_original_partition", b"0"),
-                    ("retryd_original_offset", str(i).encode()),
-                    ("retryd_group", group),
-                ]
-
+            headers = _tier_headers(topic, cli.group, int(time.time() * 1000) + 3_600_000)
             t0 = time.monotonic()
             h.produce(
                 b, "retry_1h", n, value=_value, key=lambda i: str(i).encode(), headers=headers

@@ -4,6 +4,7 @@ tests/integration; these run in milliseconds and can stage exact interleavings.)
 
 from __future__ import annotations
 
+import itertools
 import random
 import threading
 import time
@@ -175,7 +176,7 @@ def test_failures_route_copies_that_name_their_group(broker: StubBroker, tmp_pat
 # ------------------------------------------------------------------ ordering
 def _overlaps(intervals: list[tuple[float, float]]) -> bool:
     intervals = sorted(intervals)
-    return any(b[0] < a[1] for a, b in zip(intervals, intervals[1:], strict=False))
+    return any(b[0] < a[1] for a, b in itertools.pairwise(intervals))
 
 
 def _max_concurrency(items: list[dict[str, Any]]) -> int:
