@@ -8,7 +8,7 @@ from retryd.handlers.base import AsyncHandler, Handler, Message, SyncHandler, is
 from retryd.policy.classify import HandlerResult
 from retryd.worker.partition import PartitionState
 from retryd.worker.pools import LoopPool, Pool, ThreadPool
-from retryd.worker.scheduler import Run, Scheduler
+from retryd.worker.scheduler import Scheduler
 from retryd.worker.work import Work
 from tests.support import wait_for
 
@@ -25,6 +25,8 @@ def work_of(message: Message, part: PartitionState | None = None) -> Work:
     w.state = Work.QUEUED
     w.result = None
     w.size = 0
+    w.lock = None
+    w.next = None
     return w
 
 
@@ -46,23 +48,31 @@ class Harness:
                 handler, self.scheduler, max_in_flight, timeout_s, self.abandoned_events.append
             )
         self.pool = pool
-        self.done: list[Work] = []
+        self.pending: list[Work] = []
 
     def submit(self, groups: Sequence[tuple[Hashable | None, Sequence[Work]]]) -> None:
-        runs = [Run(list(items), key) for key, items in groups]
-        self.pool.wake(self.scheduler.submit(runs))
+        """Queue records: each group's records share an ordering key (None: no ordering)."""
+        works = []
+        for key, items in groups:
+            for w in items:
+                w.lock = key
+                works.append(w)
+        self.pending.extend(works)
+        self.scheduler.submit(works)
+        self.pool.wake(len(self.scheduler))
 
     def collect(self, n: int, timeout: float = 10.0) -> list[Work]:
-        """Wait until ``n`` more calls finished (running the watchdog like the poll loop)."""
+        """Wait until the first ``n`` submitted records have a result (running the watchdog
+        and waking slots like the poll loop); returns them in submission order."""
 
         def enough() -> bool:
             self.pool.watchdog()
-            while self.pool.completions:
-                self.done.append(self.pool.completions.popleft())
-            return len(self.done) >= n
+            self.pool.wake(len(self.scheduler))
+            self.pool.completions.clear()  # failures: results are on the records already
+            return all(w.result is not None for w in self.pending[:n])
 
         wait_for(enough, timeout, interval=0.005, what=f"{n} handler calls to finish")
-        out, self.done = self.done[:n], self.done[n:]
+        out, self.pending = self.pending[:n], self.pending[n:]
         return out
 
     def call(self, message: Message, timeout: float = 10.0) -> HandlerResult:

@@ -109,7 +109,8 @@ class Settings(BaseSettings):
     batch_size: int = Field(default=500, ge=1, le=100_000)
     max_in_flight: int = Field(default=16, ge=1, le=4096)
     ordering: Ordering = Ordering.KEY
-    partition_buffer: int = Field(default=1000, ge=1, le=1_000_000)
+    partition_buffer: int = Field(default=10_000, ge=1, le=1_000_000)
+    tier_buffer: int = Field(default=1000, ge=1, le=1_000_000)
     buffer_bytes: int = Field(default=64 * 1024 * 1024, ge=64 * 1024)
     shutdown_timeout_s: float = Field(default=20.0, gt=0, le=3600)
     session_timeout_ms: int = Field(default=45_000, ge=1_000)

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from retryd.worker.partition import PartitionState
+from retryd.worker.partition import PAUSE_BACKLOG, PartitionState
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +57,7 @@ class PartitionBook:
         self.parts: dict[TP, PartitionState] = {}
         # two-level index for the hot path: topic -> partition -> state (no tuple per record)
         self.by_topic: dict[str, dict[int, PartitionState]] = {}
+        self.backlog_paused = False
 
     # -------------------------------------------------------------- ownership
     def assign(self, partitions: list[TopicPartition]) -> list[PartitionState]:
@@ -66,10 +67,14 @@ class PartitionBook:
             self.parts[(p.topic, p.partition)] = st
             self.by_topic.setdefault(p.topic, {})[p.partition] = st
             states.append(st)
+            if self.backlog_paused:
+                st.paused |= PAUSE_BACKLOG
         self.consumer.incremental_assign(partitions)
         if partitions:
             # Pauses survive a revoke/re-assign inside librdkafka: start from a known state.
             self.consumer.resume(partitions)
+            if self.backlog_paused:
+                self.consumer.pause(partitions)
         return states
 
     def states(self, partitions: Iterable[TopicPartition]) -> list[PartitionState]:
@@ -111,6 +116,11 @@ class PartitionBook:
     def pause_all(self, reason: int, on: bool) -> None:
         for st in list(self.parts.values()):
             self.set_pause(st, reason, on)
+
+    def set_backlog_pause(self, on: bool) -> None:
+        """Pause (or resume) every partition because the pool is far behind."""
+        self.backlog_paused = on
+        self.pause_all(PAUSE_BACKLOG, on)
 
     def paused_by_topic(self) -> dict[str, int]:
         counts: dict[str, int] = {}

@@ -42,6 +42,7 @@ from retryd.worker.partition import (
     PAUSE_BUFFER,
     PAUSE_MEMORY,
     PAUSE_PRODUCER,
+    PAUSE_TAIL,
     PartitionState,
     partition_lags,
 )
@@ -59,6 +60,10 @@ ProducerFactory = Callable[[dict[str, Any]], ProducerLike]
 
 BUSY_POLL_S = 0.005  # consume() timeout while calls are in flight: settle results promptly
 SETTLE_WAIT_S = 0.005
+# While the pool has a full batch of runnable records it has not taken yet, the poll thread
+# consumes nothing more (librdkafka keeps its own bounded prefetch) and lets the pool catch up.
+# Past this long it pauses every partition instead, so consume() keeps serving the group.
+THROTTLE_MAX_S = 1.0
 
 
 def _now_ms() -> int:
@@ -197,15 +202,29 @@ class Worker:
         consumer, intake = self._consumer, self.intake
         settings = self.settings
         batch_size, poll_s = settings.batch_size, settings.poll_timeout_s
+        scheduler = self.scheduler
+        throttled_since: float | None = None
         while not self._stop.is_set() and self._fatal is None:
             started = time.monotonic()
             now_ms = _now_ms()
             intake.release_due(now_ms)
             self._dispatch()
-            batch = consumer.consume(batch_size, self._poll_timeout(poll_s))
-            if batch:
-                intake.take(batch, _now_ms(), self._stats())
-                self._dispatch()
+            batch: list[Any] = []
+            if scheduler.ready_items >= batch_size and not self.book.backlog_paused:
+                # The pool is behind: consuming more would only grow the buffers. Wait for
+                # it to take half of what is runnable (settling meanwhile), not for the broker.
+                throttled_since = throttled_since or started
+                if started - throttled_since > THROTTLE_MAX_S:
+                    self.book.set_backlog_pause(True)
+                scheduler.wait_below(batch_size // 2, BUSY_POLL_S)
+            else:
+                throttled_since = None
+                if self.book.backlog_paused and scheduler.ready_items <= batch_size // 2:
+                    self.book.set_backlog_pause(False)
+                batch = consumer.consume(batch_size, self._poll_timeout(poll_s))
+                if batch:
+                    intake.take(batch, _now_ms(), self._stats())
+                    self._dispatch()
             self._tick(started)
             if until_drained and self._drained(bool(batch)):
                 log.info("drained: every assigned partition is at its end, nothing in flight")
@@ -225,9 +244,10 @@ class Worker:
         return timeout
 
     def _dispatch(self) -> None:
-        runs = self.intake.runs()
-        if runs:
-            self.pool.wake(self.scheduler.submit(runs))
+        works = self.intake.works()
+        if works:
+            self.scheduler.submit(works)
+        self.pool.wake(len(self.scheduler))
 
     def _tick(self, started: float) -> None:
         """Everything after consume(): settle, flow control, store, publish, heartbeat."""
@@ -239,6 +259,7 @@ class Worker:
         router.poll()
         self._flow_control(router)
         self.book.store()
+        pool.collect(settler.stats)
         stats = settler.take_stats()
         if stats:
             self.events.batch(stats, started, time.monotonic())
@@ -257,6 +278,8 @@ class Worker:
         book = self.book
         cap = self.settings.partition_buffer
         low = cap // 2
+        tail_cap = self.settings.tier_buffer
+        tail_low = tail_cap // 2
         total = 0
         for st in book.parts.values():
             n = len(st.pending)
@@ -266,6 +289,13 @@ class Worker:
                     book.set_pause(st, PAUSE_BUFFER, True)
             elif st.paused & PAUSE_BUFFER and n <= low:
                 book.set_pause(st, PAUSE_BUFFER, False)
+            if st.delay_ms is not None:
+                waiting = len(st.tail)
+                if waiting >= tail_cap:
+                    if not st.paused & PAUSE_TAIL:
+                        book.set_pause(st, PAUSE_TAIL, True)
+                elif st.paused & PAUSE_TAIL and waiting <= tail_low:
+                    book.set_pause(st, PAUSE_TAIL, False)
         limit = self.settings.buffer_bytes
         if total >= limit:
             book.pause_all(PAUSE_MEMORY, True)

@@ -36,6 +36,25 @@ class Buckets:
     def count(self) -> int:
         return sum(self.counts)
 
+    def copy(self) -> Buckets:
+        b = Buckets(self.bounds)
+        b.counts = list(self.counts)  # one C call: consistent under the GIL
+        b.total = self.total
+        return b
+
+    def add_delta(self, now: Buckets, before: Buckets | None) -> None:
+        """Add ``now - before`` (monotonic snapshots of one histogram) to this one."""
+        counts = self.counts
+        if before is None:
+            for i, n in enumerate(now.counts):
+                counts[i] += n
+            self.total += now.total
+            return
+        for i, (a, b) in enumerate(zip(now.counts, before.counts, strict=True)):
+            if a != b:
+                counts[i] += a - b
+        self.total += now.total - before.total
+
 
 class BatchStats:
     """Everything one poll iteration observed."""
@@ -64,6 +83,56 @@ class BatchStats:
         if b is None:
             b = self.lateness[topic] = Buckets(LATENESS_BUCKETS)
         return b
+
+
+class SlotStats:
+    """Monotonic counters of one handler slot (written only by that slot's thread). The poll
+    thread reads them as deltas between snapshots, so neither side ever resets or locks."""
+
+    __slots__ = ("calls", "dropped", "durations", "lateness", "success")
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.success: dict[str, int] = {}
+        self.dropped: dict[str, int] = {}
+        self.durations: dict[str, Buckets] = {}
+        self.lateness: dict[str, Buckets] = {}
+
+    def duration(self, topic: str) -> Buckets:
+        b = self.durations.get(topic)
+        if b is None:
+            b = self.durations[topic] = Buckets(LATENCY_BUCKETS)
+        return b
+
+    def late(self, topic: str) -> Buckets:
+        b = self.lateness.get(topic)
+        if b is None:
+            b = self.lateness[topic] = Buckets(LATENESS_BUCKETS)
+        return b
+
+    def snapshot(self) -> SlotStats:
+        s = SlotStats()
+        s.calls = self.calls
+        s.success = dict(self.success)
+        s.dropped = dict(self.dropped)
+        s.durations = {t: b.copy() for t, b in list(self.durations.items())}
+        s.lateness = {t: b.copy() for t, b in list(self.lateness.items())}
+        return s
+
+    def merge_delta(self, before: SlotStats | None, into: BatchStats) -> None:
+        """Add this snapshot minus ``before`` (an earlier snapshot of the same slot)."""
+        for outcome, now, then in (
+            ("success", self.success, before.success if before else {}),
+            ("dropped", self.dropped, before.dropped if before else {}),
+        ):
+            for topic, n in now.items():
+                delta = n - then.get(topic, 0)
+                if delta:
+                    into.outcomes[(topic, outcome)] += delta
+        for topic, b in self.durations.items():
+            into.duration(topic).add_delta(b, before.durations.get(topic) if before else None)
+        for topic, b in self.lateness.items():
+            into.late(topic).add_delta(b, before.lateness.get(topic) if before else None)
 
 
 class Sink(Protocol):

@@ -2,7 +2,7 @@
 
 For each record: find its partition, keep it (``pending``) until its offset may be stored,
 and then either
-- queue it for the handler, grouped into runs by the ordering key (``retryd.worker.scheduler``);
+- queue it for the handler with its ordering key (``retryd.worker.scheduler``);
 - hold it in its tier partition's ``tail`` until it is due (a bounded in-memory wait: no
   pause/seek/resume per record under steady inflow);
 - settle it at once: a tier record of another consumer group (skipped, counted), or a tier
@@ -15,7 +15,7 @@ delay)``: a skewed clock or an absurd header cannot freeze a tier partition.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from typing import Any
 
 from retryd.config import Ordering
@@ -26,7 +26,6 @@ from retryd.policy.sequence import RetryPlan
 from retryd.worker.book import PartitionBook
 from retryd.worker.events import BatchStats
 from retryd.worker.partition import PartitionState
-from retryd.worker.scheduler import Run
 from retryd.worker.work import Work, new_work
 
 log = logging.getLogger(__name__)
@@ -63,8 +62,7 @@ class Intake:
         self._route = route
         self._on_error = on_error
         self.waiting: set[PartitionState] = set()  # tier partitions with a non-empty tail
-        self._groups: dict[Hashable, Run] = {}
-        self._flat: list[Work] = []
+        self._new: list[Work] = []
 
     # ------------------------------------------------------------------ records in
     def take(self, batch: list[Any], now_ms: int, stats: BatchStats) -> None:
@@ -72,7 +70,10 @@ class Intake:
         last_topic: str | None = None
         last_partition = -1
         st: PartitionState | None = None
-        queue = self._queue
+        new = self._new.append
+        ordering = self.ordering
+        by_key = ordering is Ordering.KEY
+        by_partition = ordering is Ordering.PARTITION
         stats.records += len(batch)
         for raw in batch:
             if raw.error() is not None:
@@ -99,7 +100,8 @@ class Intake:
             st.pending.append(w)
             st.pending_bytes += size
             if st.delay_ms is None:
-                queue(w, st, key)
+                w.lock = (st, key) if by_key else (st if by_partition else None)
+                new(w)
             else:
                 self._tier_record(w, st, key, now_ms, stats)
 
@@ -170,31 +172,20 @@ class Intake:
         st.tail.clear()
         self.waiting.discard(st)
 
-    # ------------------------------------------------------------------ runs out
+    # ------------------------------------------------------------------ records out
     def _queue(self, w: Work, st: PartitionState, key: bytes | None) -> None:
         ordering = self.ordering
         if ordering is Ordering.KEY:
-            lock: Hashable = (st, key)
+            w.lock = (st, key)
         elif ordering is Ordering.PARTITION:
-            lock = st
+            w.lock = st
         else:
-            self._flat.append(w)
-            return
-        run = self._groups.get(lock)
-        if run is None:
-            self._groups[lock] = Run([w], lock)
-        else:
-            run.items.append(w)
+            w.lock = None
+        self._new.append(w)
 
-    def runs(self) -> list[Run]:
-        """The runs queued since the last call, in first-record order."""
-        runs = list(self._groups.values())
-        self._groups.clear()
-        flat = self._flat
-        if flat:
-            self._flat = []
-            # ordering=none: one run per slot, dealt round-robin so the first records of the
-            # batch start together; runs are never chained
-            n = min(self.max_in_flight, len(flat))
-            runs.extend(Run(flat[i::n], None) for i in range(n))
-        return runs
+    def works(self) -> list[Work]:
+        """The records queued since the last call, in consumption order."""
+        new = self._new
+        if new:
+            self._new = []
+        return new

@@ -13,7 +13,8 @@ if TYPE_CHECKING:
 PAUSE_BUFFER = 1  # its consumed-but-unfinished records reached ``partition_buffer``
 PAUSE_MEMORY = 2  # the process's buffered bytes reached ``buffer_bytes``
 PAUSE_PRODUCER = 4  # the producer's local queue is full: routed copies are backing up
-PAUSE_STOPPING = 8  # shutting down: take nothing new
+PAUSE_TAIL = 8  # a tier partition holds ``tier_buffer`` records that are not yet due
+PAUSE_BACKLOG = 16  # the pool has been behind for a while: consume() serves the group only
 
 
 class PartitionState:

@@ -2,21 +2,23 @@
 
 Two kinds, one contract (``Pool``):
 
-- ``ThreadPool`` for sync Python callables: up to ``size`` daemon threads, started on demand.
-  A call that overruns its timeout cannot be killed in Python: its thread is *abandoned*
-  (counted, replaced by a fresh one) and the record gets a ``timeout`` result. Daemon threads
-  never block interpreter exit, which is why this is not ``concurrent.futures``.
+- ``ThreadPool`` for sync Python callables: up to ``size`` daemon threads. Threads are woken
+  only as calls prove slow: a handler that returns in microseconds is served by one thread (more
+  would only fight over the GIL), a handler blocked on I/O ramps up to ``size``. A call that
+  overruns its timeout cannot be killed in Python: its thread is *abandoned* (counted, replaced)
+  and the record gets a ``timeout`` result. Daemon threads never block interpreter exit, which
+  is why this is not ``concurrent.futures``.
 - ``LoopPool`` for ``async def`` callables and HTTP: ``size`` tasks on one event loop in a
   daemon thread; each call is cancelled at its timeout. A loop that stops answering (blocking
-  code inside ``async def``, a task that swallows cancellation) is abandoned as a whole and
-  replaced.
+  code inside ``async def``, a task that swallows cancellation) is abandoned as a whole.
 
-Slots take *runs* from the ``Scheduler`` (ordering lives there) and append finished ``Work``
-(with ``result``, ``started`` and ``seconds`` set) to ``completions``, a deque the poll thread
-drains: the poll loop never waits on a slot, and a slot never touches consumer state.
+Slots take ready records from the ``Scheduler`` (ordering lives there). A success (or DROP) is
+settled on the slot itself: the record is marked done and counted in the slot's own
+monotonic counters, which the poll thread reads as deltas (``collect``) - no hand-off back per
+record. Failures, which need a routed copy, go to ``completions`` for the poll thread.
 
-A record whose partition was revoked before its call started is skipped (``state`` stays
-QUEUED): the partition's next owner redoes it from the committed offset.
+A record whose partition was revoked before its call started is skipped (it stays QUEUED):
+the partition's next owner redoes it from the committed offset.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ from typing import Protocol
 
 from retryd.handlers.base import AsyncHandler, SyncHandler
 from retryd.policy.classify import HandlerResult, Outcome, timeout_result
-from retryd.worker.scheduler import Run, Scheduler
+from retryd.worker.events import BatchStats, SlotStats
+from retryd.worker.scheduler import Scheduler
 from retryd.worker.work import Work
 
 log = logging.getLogger(__name__)
@@ -40,8 +43,16 @@ log = logging.getLogger(__name__)
 # How long past its timeout an async call may take to acknowledge cancellation before the
 # loop is declared stuck and abandoned.
 ASYNC_CANCEL_GRACE_S = 1.0
+# A call running longer than this is "slow": the pool wakes another thread for ready records.
+SLOW_CALL_S = 0.0002
+MAX_CHUNK = 64  # records a fast slot takes per lock acquisition
+# A slot takes as many records as it can run in about this long (by its average call time), so
+# fast calls cost one lock per chunk while slow ones never sit on records another slot could run.
+CHUNK_BUDGET_S = 0.0005
 
 perf = time.perf_counter
+_SUCCESS = Outcome.SUCCESS
+_DROP = Outcome.DROP
 
 
 def adapter_failure(exc: BaseException) -> HandlerResult:
@@ -56,10 +67,13 @@ class Pool(Protocol):
     completions: deque[Work]
 
     def wake(self, ready: int) -> None:
-        """``ready`` runs were just made ready in the scheduler."""
+        """``ready`` records are ready in the scheduler (called by the poll thread often)."""
 
     def watchdog(self) -> None:
         """Abandon calls past their timeout (called by the poll thread, often)."""
+
+    def collect(self, stats: BatchStats) -> None:
+        """Add what the slots settled since the last call to ``stats``."""
 
     def running(self, parts: Iterable[object] | None = None) -> int:
         """Calls in flight (of records of ``parts`` only, when given)."""
@@ -76,17 +90,63 @@ class Pool(Protocol):
 
 
 class _Slot:
-    """One pool thread (or loop task) and the call it is running."""
+    """One pool thread (or loop task), the records it holds, and the call it is running."""
 
-    __slots__ = ("abandoned", "index", "lock", "run", "started", "work")
+    __slots__ = ("abandoned", "held", "index", "lock", "started", "stats", "work")
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.abandoned = False
-        self.run: Run | None = None
+        self.held: list[Work] = []  # records taken; ``index`` is the one running
         self.index = 0
         self.work: Work | None = None
         self.started = 0.0  # perf_counter() at call start
+        self.stats = SlotStats()
+
+
+def _settle_on_slot(w: Work, result: HandlerResult, seconds: float, stats: SlotStats) -> bool:
+    """Record a finished call; True when it settled here (success/drop), False when the poll
+    thread must route it."""
+    topic = w.topic
+    w.result = result
+    stats.calls += 1
+    durations = stats.durations.get(topic)
+    if durations is None:
+        durations = stats.duration(topic)
+    durations.observe(seconds)
+    if w.due:
+        stats.late(topic).observe(max(0.0, time.time() - w.due / 1000 - seconds))
+    outcome = result.outcome
+    if outcome is _SUCCESS:
+        success = stats.success
+        success[topic] = success.get(topic, 0) + 1
+        w.state = 4  # Work.DONE
+        return True
+    if outcome is _DROP:
+        dropped = stats.dropped
+        dropped[topic] = dropped.get(topic, 0) + 1
+        w.state = 4
+        return True
+    return False
+
+
+class _Collector:
+    """Deltas of slots' monotonic counters, read by the poll thread."""
+
+    def __init__(self) -> None:
+        self._seen: dict[int, SlotStats] = {}
+
+    def add(self, slot_stats: SlotStats, into: BatchStats) -> None:
+        key = id(slot_stats)
+        before = self._seen.get(key)
+        if before is not None and before.calls == slot_stats.calls:
+            return
+        now = slot_stats.snapshot()
+        now.merge_delta(before, into)
+        self._seen[key] = now
+
+    def forget(self, slot_stats: SlotStats) -> None:
+        self._seen.pop(id(slot_stats), None)
 
 
 class ThreadPool:
@@ -106,6 +166,9 @@ class ThreadPool:
         self._on_abandoned = on_abandoned
         self._cond = threading.Condition(scheduler.lock)
         self._slots: list[_Slot] = []  # live (not abandoned) slots
+        self._retired: list[_Slot] = []  # abandoned: their counters are read once more
+        self._own = SlotStats()  # timeouts declared by the watchdog (poll thread)
+        self._collector = _Collector()
         self._idle = 0
         self._abandoned = 0
         self._hung = 0
@@ -117,11 +180,18 @@ class ThreadPool:
     def wake(self, ready: int) -> None:
         if ready <= 0:
             return
+        now = perf()
+        slow = sum(1 for s in self._slots if s.work is not None and now - s.started > SLOW_CALL_S)
         with self._cond:
             idle = self._idle
-            if idle:
-                self._cond.notify(min(idle, ready))
-            missing = min(ready - idle, self.size - len(self._slots))
+            free = len(self._slots) - idle - slow  # busy slots that are not stuck in a call
+            if free > 0:
+                return  # they will take the ready records
+            want = min(max(1, slow), ready)  # everyone is slow: double up
+            woken = min(want, idle)
+            if woken:
+                self._cond.notify(woken)
+            missing = min(want - woken, self.size - len(self._slots))
         for _ in range(max(missing, 0)):
             self._start_slot()
 
@@ -143,8 +213,9 @@ class ThreadPool:
                 if slot.work is not work or slot.abandoned:
                     continue  # finished meanwhile
                 slot.abandoned = True
-                run, index = slot.run, slot.index
+                held, index = slot.held, slot.index
             self._slots.remove(slot)
+            self._retired.append(slot)
             self._abandoned += 1
             with self._hung_lock:
                 self._hung += 1
@@ -154,16 +225,22 @@ class ThreadPool:
                 self.timeout_s,
                 self._abandoned,
             )
-            work.result = timeout_result(self.timeout_s)
-            work.started = slot.started
-            work.seconds = self.timeout_s
-            work.state = Work.FINISHED
-            self.completions.append(work)
-            if run is not None:
-                self.scheduler.replace(run, Run(run.items[index + 1 :], run.key))
-                self.wake(1)
+            _timed_out(work, self.timeout_s, self._own, self.completions)
+            _hand_back(self.scheduler, held, index)
+            self.wake(len(self.scheduler))
             if self._on_abandoned is not None:
                 self._on_abandoned(self._abandoned)
+
+    def collect(self, stats: BatchStats) -> None:
+        collector = self._collector
+        collector.add(self._own, stats)
+        for slot in self._slots:
+            collector.add(slot.stats, stats)
+        if self._retired:
+            for slot in self._retired:
+                collector.add(slot.stats, stats)
+                collector.forget(slot.stats)
+            self._retired.clear()
 
     def running(self, parts: Iterable[object] | None = None) -> int:
         wanted = None if parts is None else set(map(id, parts))
@@ -180,7 +257,6 @@ class ThreadPool:
 
     @property
     def hung(self) -> int:
-        """Abandoned calls still running (they return late, or never)."""
         return self._hung
 
     def close(self, timeout_s: float) -> None:
@@ -194,46 +270,54 @@ class ThreadPool:
     def _serve(self, slot: _Slot) -> None:
         call = self.handler.call
         done = self.completions.append
-        ready = self.scheduler.ready
-        finish = self.scheduler.finish
+        scheduler = self.scheduler
+        ready = scheduler.ready
+        take = scheduler.take_locked
+        release = scheduler.release_locked
+        stats = slot.stats
+        lock = slot.lock
+        chunk = 1
+        average = SLOW_CALL_S  # call time, smoothed; start as if slow
+        held: list[Work] = []
         while True:
             with self._cond:
+                if held:
+                    release(held)  # records chained behind them become ready
                 while not ready:
                     if self._closed:
                         return
                     self._idle += 1
                     self._cond.wait()
                     self._idle -= 1
-                run: Run | None = ready.popleft()
-            while run is not None:
-                slot.run = run
-                items = run.items
-                for index in range(len(items)):
-                    work = items[index]
-                    if work.part.revoked:
+                held = take(chunk)
+            if held:
+                slot.held = held
+                for index in range(len(held)):
+                    w = held[index]
+                    if w.part.revoked:
                         continue
                     slot.index = index
-                    work.state = 1  # RUNNING
+                    w.state = 1  # RUNNING
                     started = perf()
                     slot.started = started
-                    slot.work = work
+                    slot.work = w
                     try:
-                        result = call(work)
+                        result = call(w)
                     except BaseException as exc:  # adapters never raise; if one does, retry
                         result = adapter_failure(exc)
-                    ended = perf()
-                    with slot.lock:
+                    seconds = perf() - started
+                    with lock:
                         if slot.abandoned:
-                            self._late_return(work)
+                            self._late_return(w)
                             return
                         slot.work = None
-                    work.result = result
-                    work.started = started
-                    work.seconds = ended - started
-                    work.state = 2  # FINISHED
-                    done(work)
-                slot.run = None
-                run = finish(run)
+                    if not _settle_on_slot(w, result, seconds, stats):
+                        w.result = result
+                        w.seconds = seconds
+                        w.state = 2  # FINISHED: the poll thread routes it
+                        done(w)
+                    average += (seconds - average) * 0.2
+                chunk = max(1, min(MAX_CHUNK, int(CHUNK_BUDGET_S / max(average, 1e-7))))
 
     def _late_return(self, work: Work) -> None:
         with self._hung_lock:
@@ -241,8 +325,28 @@ class ThreadPool:
         log.info("%s: abandoned handler call returned late; its thread exits", work.where)
 
 
+def _hand_back(scheduler: Scheduler, held: list[Work], index: int) -> None:
+    """An abandoned slot's records: the ones it ran (the hung one included) release their
+    keys, so records chained behind them can run; the ones it never started go back first."""
+    successors: list[Work] = []
+    scheduler.release_many(held[: index + 1], successors)
+    back = held[index + 1 :] + successors
+    if back:
+        scheduler.requeue(back)
+
+
+def _timed_out(work: Work, timeout_s: float, stats: SlotStats, completions: deque[Work]) -> None:
+    """A call abandoned by a watchdog: a timeout result, routed by the poll thread."""
+    stats.calls += 1
+    stats.duration(work.topic).observe(timeout_s)
+    work.result = timeout_result(timeout_s)
+    work.seconds = timeout_s
+    work.state = Work.FINISHED
+    completions.append(work)
+
+
 class LoopPool:
-    """``size`` tasks on one event loop in a daemon thread, each running runs of records."""
+    """``size`` tasks on one event loop in a daemon thread, each running ready records."""
 
     def __init__(
         self,
@@ -261,6 +365,9 @@ class LoopPool:
         self._abandoned = 0
         self._loop: _Loop | None = None
         self._stuck: list[tuple[_Loop, int]] = []  # abandoned loops and their hung calls
+        self._retired: list[_Slot] = []
+        self._own = SlotStats()
+        self._collector = _Collector()
         self._generation = 0
 
     def _current(self) -> _Loop:
@@ -285,6 +392,7 @@ class LoopPool:
         stuck = loop.abandon()
         self._abandoned += len(stuck)
         self._stuck.append((loop, len(stuck)))
+        self._retired.extend(loop.slots)
         log.warning(
             "async handler still running %gs after its timeout was cancelled; abandoning its "
             "event loop with %d calls (%d abandoned)",
@@ -292,18 +400,26 @@ class LoopPool:
             len(stuck),
             self._abandoned,
         )
-        for work, run, index, started in stuck:
-            work.result = timeout_result(self.timeout_s)
-            work.started = started
-            work.seconds = self.timeout_s
-            work.state = Work.FINISHED
-            self.completions.append(work)
-            if run is not None:
-                self.scheduler.replace(run, Run(run.items[index + 1 :], run.key))
+        for work, held, index in stuck:
+            _timed_out(work, self.timeout_s, self._own, self.completions)
+            _hand_back(self.scheduler, held, index)
         if len(self.scheduler):
             self.wake(len(self.scheduler))
         if self._on_abandoned is not None:
             self._on_abandoned(self._abandoned)
+
+    def collect(self, stats: BatchStats) -> None:
+        collector = self._collector
+        collector.add(self._own, stats)
+        loop = self._loop
+        if loop is not None:
+            for slot in loop.slots:
+                collector.add(slot.stats, stats)
+        if self._retired:
+            for slot in self._retired:
+                collector.add(slot.stats, stats)
+                collector.forget(slot.stats)
+            self._retired.clear()
 
     def running(self, parts: Iterable[object] | None = None) -> int:
         loop = self._loop
@@ -382,33 +498,32 @@ class _Loop:
         acall = pool.handler.acall
         timeout_s = pool.timeout_s
         done = pool.completions.append
-        take = pool.scheduler.take
-        finish = pool.scheduler.finish
+        scheduler = pool.scheduler
+        take = scheduler.take
+        release = scheduler.release
+        stats = slot.stats
         while not self.abandoned:
             self.sleepers += 1  # before the last look: a submit after it will wake us
-            run = take()
-            if run is None:
+            held = take(1)
+            if not held:
                 fut = self.loop.create_future()
                 self._waiters.append(fut)
                 await fut
                 self.sleepers -= 1
                 continue
             self.sleepers -= 1
-            while run is not None:
-                slot.run = run
-                items = run.items
-                for index in range(len(items)):
-                    work = items[index]
-                    if work.part.revoked:
-                        continue
-                    slot.index = index
-                    work.state = 1  # RUNNING
+            w: Work | None = held[0]
+            while w is not None:
+                if not w.part.revoked:
+                    slot.held = [w]
+                    slot.index = 0
+                    w.state = 1  # RUNNING
                     started = perf()
                     slot.started = started
-                    slot.work = work
+                    slot.work = w
                     try:
                         async with asyncio.timeout(timeout_s):
-                            result = await acall(work)
+                            result = await acall(w)
                     except TimeoutError:
                         result = timeout_result(timeout_s)
                     except asyncio.CancelledError:
@@ -417,26 +532,27 @@ class _Loop:
                         result = timeout_result(timeout_s)
                     except BaseException as exc:  # adapters never raise; if one does, retry
                         result = adapter_failure(exc)
+                    seconds = perf() - started
                     with slot.lock:
                         if self.abandoned:
                             return  # the pool already gave this call a timeout result
                         slot.work = None
-                    work.result = result
-                    work.started = started
-                    work.seconds = perf() - started
-                    work.state = 2  # FINISHED
-                    done(work)
-                slot.run = None
-                run = finish(run)
+                    if not _settle_on_slot(w, result, seconds, stats):
+                        w.result = result
+                        w.seconds = seconds
+                        w.state = 2  # FINISHED: the poll thread routes it
+                        done(w)
+                w = release(w)
 
-    def abandon(self) -> list[tuple[Work, Run | None, int, float]]:
-        """Give up on this loop: the calls it is running, with where each stood in its run."""
+    def abandon(self) -> list[tuple[Work, list[Work], int]]:
+        """Give up on this loop: the calls it is running, each with the records its slot held
+        and the position of the hung one."""
         self.abandoned = True  # a slot finishing from now on returns without completing
         stuck = []
         for slot in self.slots:
             with slot.lock:
                 if slot.work is not None:
-                    stuck.append((slot.work, slot.run, slot.index, slot.started))
+                    stuck.append((slot.work, slot.held, slot.index))
         with contextlib.suppress(RuntimeError):
             self.loop.call_soon_threadsafe(self.loop.stop)
         return stuck

@@ -1,93 +1,148 @@
 """Ordering: which records may run now, and which must wait for an earlier one.
 
-Records are grouped into *runs*: records of one ordering key (``(topic, partition, key)`` for
-``ordering=key``, ``(topic, partition)`` for ``partition``) taken from one poll, in offset
-order. A run is executed start to finish by one handler slot (a pool thread or an event-loop
-task), so a run of N records costs one hand-off, not N. A run whose key still has an earlier
-run queued or running is *chained* behind it instead of being made ready: when the earlier run
-finishes, the slot that ran it continues with the next one. So the records of one key never
-run concurrently and run in offset order, while different keys run in parallel.
+Every record carries its *ordering key* (``lock``): ``(partition state, record key)`` for
+``ordering=key``, the partition state for ``partition``, ``None`` for ``none``. The scheduler
+keeps, per busy key, the last record queued or running (``_tails``). A record whose key is busy
+is *chained* behind that record (``work.next``) instead of being made ready; when a slot
+finishes a record it continues with the record chained behind it, if any. So the records of
+one key never run concurrently and run in offset order, while different keys run in parallel,
+and a chained record is never "ready": a hot key holds back only its own records.
 
-``ordering=none`` uses runs without a key: never chained, split so that every slot gets a share.
+Records are their own queue nodes (no run objects per key), and slots take ready records in
+chunks under one lock acquisition, so a record costs a few dictionary and deque operations.
 
-Thread safety: ``submit`` is called by the poll thread, ``take``/``finish``/``replace`` by the
-handler slots; every structure is guarded by one lock, held for a few dictionary operations.
+Thread safety: ``submit`` is called by the poll thread, ``take``/``release``/``requeue`` by the
+handler slots; every structure is guarded by ``lock``.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from retryd.worker.work import Work
 
 
-class Run:
-    __slots__ = ("items", "key", "next")
-
-    def __init__(self, items: list[Work], key: Hashable | None) -> None:
-        self.items = items
-        self.key = key
-        self.next: Run | None = None
-
-
 class Scheduler:
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.ready: deque[Run] = deque()
-        self._tails: dict[Hashable, Run] = {}  # last run (queued or running) of each busy key
+        self.ready: deque[Work] = deque()
+        self._tails: dict[Hashable, Work] = {}  # last record (queued or running) of a busy key
+        self._waiter: threading.Event | None = None
+        self._low = 0
 
     def __len__(self) -> int:
-        """Runs ready to start (not counting chained ones)."""
+        """Records ready to start (not counting chained ones)."""
+        return len(self.ready)
+
+    @property
+    def ready_items(self) -> int:
         return len(self.ready)
 
     @property
     def busy_keys(self) -> int:
         return len(self._tails)
 
-    def submit(self, runs: list[Run]) -> int:
-        """Queue runs in order; returns how many became ready (the rest are chained)."""
+    def submit(self, works: Iterable[Work]) -> int:
+        """Queue records in offset order (per key); returns how many became ready."""
         made_ready = 0
         tails = self._tails
         with self.lock:
-            ready = self.ready
-            for run in runs:
-                key = run.key
+            append = self.ready.append
+            for w in works:
+                key = w.lock
                 if key is None:
-                    ready.append(run)
+                    append(w)
                     made_ready += 1
                     continue
                 tail = tails.get(key)
                 if tail is not None:
-                    tail.next = run
+                    tail.next = w
                 else:
-                    ready.append(run)
+                    append(w)
                     made_ready += 1
-                tails[key] = run
+                tails[key] = w
         return made_ready
 
-    def take(self) -> Run | None:
-        """The next ready run, or None."""
-        with self.lock:
-            return self.ready.popleft() if self.ready else None
+    def take_locked(self, n: int) -> list[Work]:
+        """Up to ``n`` ready records; the caller holds ``lock``."""
+        ready = self.ready
+        if n == 1 or len(ready) == 1:
+            out = [ready.popleft()]
+        else:
+            popleft = ready.popleft
+            out = [popleft() for _ in range(min(n, len(ready)))]
+        waiter = self._waiter
+        if waiter is not None and len(ready) <= self._low:
+            self._waiter = None
+            waiter.set()
+        return out
 
-    def finish(self, run: Run) -> Run | None:
-        """``run`` is done: the run chained behind it (the caller continues with it), or None
-        when its key has nothing more queued."""
+    def take(self, n: int = 1) -> list[Work]:
         with self.lock:
-            nxt = run.next
-            if nxt is None and run.key is not None and self._tails.get(run.key) is run:
-                del self._tails[run.key]
+            return self.take_locked(n) if self.ready else []
+
+    def release(self, w: Work) -> Work | None:
+        """``w`` finished: the record chained behind it (the caller runs it next), or None when
+        its key has nothing more queued."""
+        key = w.lock
+        if key is None:
+            return None
+        with self.lock:
+            nxt = w.next
+            if nxt is None and self._tails.get(key) is w:
+                del self._tails[key]
             return nxt
 
-    def replace(self, run: Run, rest: Run) -> None:
-        """A slot gave up ``run`` part-way (its call hung and was abandoned): ``rest`` takes its
-        place in the key's chain and is made ready first."""
+    def release_many(self, works: list[Work], into: list[Work]) -> None:
+        """``release`` for records finished together, under one lock; successors go to
+        ``into``."""
+        tails = self._tails
         with self.lock:
-            rest.next = run.next
-            if run.key is not None and self._tails.get(run.key) is run:
-                self._tails[run.key] = rest
-            self.ready.appendleft(rest)
+            for w in works:
+                key = w.lock
+                if key is None:
+                    continue
+                nxt = w.next
+                if nxt is not None:
+                    into.append(nxt)
+                elif tails.get(key) is w:
+                    del tails[key]
+
+    def release_locked(self, works: list[Work]) -> None:
+        """``release`` for records a slot finished together; records chained behind them
+        become ready (any slot may run them: a slot that took several keys must not keep
+        them all to itself). The caller holds ``lock``."""
+        tails = self._tails
+        append = self.ready.append
+        for w in works:
+            key = w.lock
+            if key is None:
+                continue
+            nxt = w.next
+            if nxt is not None:
+                append(nxt)
+            elif tails.get(key) is w:
+                del tails[key]
+
+    def requeue(self, works: list[Work]) -> None:
+        """Records a slot held but never started (its thread hung and was abandoned): back to
+        the front, in order; their keys stay busy, so order holds."""
+        with self.lock:
+            self.ready.extendleft(reversed(works))
+
+    def wait_below(self, low: int, timeout_s: float) -> None:
+        """Block until at most ``low`` records are ready (slots took the rest), or the
+        timeout: how the poll thread lets the pool catch up without consuming more."""
+        with self.lock:
+            if len(self.ready) <= low:
+                return
+            waiter = self._waiter = threading.Event()
+            self._low = low
+        waiter.wait(timeout_s)
+        with self.lock:
+            if self._waiter is waiter:
+                self._waiter = None

@@ -19,7 +19,7 @@ from retryd.policy.classify import Outcome
 from retryd.policy.headers import envelope_for_source
 from retryd.policy.routing import Route, RoutePlanner
 from retryd.worker.book import PartitionBook
-from retryd.worker.events import BatchStats, Buckets
+from retryd.worker.events import BatchStats
 from retryd.worker.router import Router
 from retryd.worker.work import Work
 
@@ -44,47 +44,30 @@ class Settler:
         self.stats = BatchStats()
 
     def settle(self, completions: deque[Work]) -> int:
-        """Settle every finished call; returns how many."""
+        """Route every finished call that failed (successes settle on their slot); returns
+        how many."""
         if not completions:
             return 0
-        stats = self.stats
-        outcomes = stats.outcomes
-        durations: dict[str, Buckets] = {}
-        # wall-clock seconds = perf_counter() - shift (for lateness against epoch due times)
-        shift = time.perf_counter() - time.time()
         now_ms = int(time.time() * 1000)
         n = 0
         popleft = completions.popleft
         while completions:
             w = popleft()
             n += 1
-            st = w.part
-            if st.lost:
+            if w.part.lost:
                 continue
-            topic = w.topic
-            buckets = durations.get(topic)
-            if buckets is None:
-                buckets = durations[topic] = stats.duration(topic)
-            buckets.observe(w.seconds)
-            if w.due:
-                stats.late(topic).observe(max(0.0, (w.started - shift) - w.due / 1000))
             result = w.result
             assert result is not None
-            outcome = result.outcome
-            if outcome is _SUCCESS:
-                w.state = 4  # Work.DONE
-                outcomes[(topic, "success")] += 1
-            elif outcome is _DROP:
-                w.state = 4
-                outcomes[(topic, "dropped")] += 1
-            else:
-                env = w._env or envelope_for_source(topic, w.partition, w.offset, w.timestamp)
-                route = self.planner.failure(env, w.headers, result, now_ms)
-                if route.is_dead:
-                    log.info(
-                        "%s dead-lettered (%s): %s", w.where, route.dead_reason, result.error_class
-                    )
-                self.route(w, route)
+            if result.outcome is _SUCCESS or result.outcome is _DROP:  # never queued here
+                w.state = Work.DONE
+                continue
+            env = w._env or envelope_for_source(w.topic, w.partition, w.offset, w.timestamp)
+            route = self.planner.failure(env, w.headers, result, now_ms)
+            if route.is_dead:
+                log.info(
+                    "%s dead-lettered (%s): %s", w.where, route.dead_reason, result.error_class
+                )
+            self.route(w, route)
         return n
 
     def route(self, w: Work, route: Route) -> None:

@@ -6,6 +6,7 @@ path builds one object per record, not a view plus a bookkeeping record.
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
 
 from retryd.handlers.base import Message
@@ -16,7 +17,7 @@ if TYPE_CHECKING:
 
 
 class Work(Message):
-    __slots__ = ("due", "part", "result", "seconds", "size", "started", "state")
+    __slots__ = ("due", "lock", "next", "part", "result", "seconds", "size", "started", "state")
 
     # state values: what happened to this record so far
     QUEUED = 0  # waiting for its turn (ordering) or a free handler slot
@@ -26,6 +27,8 @@ class Work(Message):
     DONE = 4  # settled: its offset may be stored once every lower one is done
 
     part: PartitionState
+    lock: Hashable | None  # ordering key: records with the same lock never overlap
+    next: Work | None  # the record of the same lock queued behind this one
     due: int  # tier records: effective due time (epoch ms); 0 on main topics
     size: int  # key + value bytes (buffer accounting)
     result: HandlerResult | None
@@ -45,5 +48,5 @@ def new_work(raw: Any, topic: str, partition: int, offset: int, part: PartitionS
     w.part = part
     w.due = 0
     w.state = 0
-    w.result = None
+    w.next = None
     return w

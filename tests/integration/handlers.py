@@ -17,6 +17,7 @@ from retryd.handlers.base import Message
 
 CALLS: list[dict] = []
 _LOCK = threading.Lock()
+_INFLIGHT = 0
 
 
 class PoisonError(Exception):
@@ -35,17 +36,22 @@ def _spec(message: Message) -> dict:
         return {}
 
 
-def _record(message: Message, spec: dict) -> None:
-    entry = {
+def _entry(message: Message, spec: dict) -> dict:
+    return {
         "id": spec.get("id"),
         "topic": message.topic,
         "partition": message.partition,
         "offset": message.offset,
+        "key": (message.key or b"").decode("utf-8", "replace"),
         "retry_number": message.retry_number,
         "retry_timestamp": int(message.header("retry_timestamp") or 0),
         "called_ms": int(time.time() * 1000),
         "pid": os.getpid(),
     }
+
+
+def _record(message: Message, spec: dict) -> None:
+    entry = _entry(message, spec)
     with _LOCK:
         CALLS.append(entry)
     append_log_line(entry)
@@ -62,9 +68,37 @@ def append_log_line(entry: dict) -> None:
             os.close(fd)
 
 
+def timed(message: Message) -> None:
+    """Like ``behave``, but each call is logged when it ends, with its start and end times
+    (wall clock, seconds) and how many calls were in flight in this process when it started."""
+    global _INFLIGHT
+    spec = _spec(message)
+    entry = _entry(message, spec)
+    with _LOCK:
+        _INFLIGHT += 1
+        entry["inflight"] = _INFLIGHT
+    entry["start"] = time.time()
+    entry["failed"] = False
+    try:
+        _act(message, spec)
+    except BaseException:
+        entry["failed"] = True
+        raise
+    finally:
+        entry["end"] = time.time()
+        with _LOCK:
+            _INFLIGHT -= 1
+            CALLS.append(entry)
+        append_log_line(entry)
+
+
 def behave(message: Message) -> None:
     spec = _spec(message)
     _record(message, spec)
+    _act(message, spec)
+
+
+def _act(message: Message, spec: dict) -> None:
     mode = spec.get("mode", "ok")
     if mode == "ok":
         return

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import time
 from collections import Counter
@@ -10,7 +11,6 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, TopicPartition
 
-from retryd.policy import headers as h
 from tests.integration.worker_support import deployment, stop_process
 from tests.support import read_topic, wait_for
 
@@ -43,52 +43,6 @@ def _terminal_handled(calls: list[dict], specs: dict[str, dict]) -> Counter[str]
         ):
             done[call["id"]] += 1
     return done
-
-
-def test_sigkill_one_of_two_workers_loses_nothing(bootstrap: str, tmp_path: Path) -> None:
-    n = 5000
-    dep = deployment(bootstrap, tmp_path, sequence="1s", partitions=4)
-    specs = _specs(n)
-    by_id = {s["id"]: s for s in specs}
-    dep.send(specs)
-    log_a, log_b = tmp_path / "a.log", tmp_path / "b.log"
-    a = dep.spawn_worker(log_a)
-    b = dep.spawn_worker(log_b)
-    try:
-        # both share the partitions, then kill one mid-stream
-        wait_for(
-            lambda: len(_lines(log_a)) > 300 and len(_lines(log_b)) > 300, 60, what="both busy"
-        )
-        a.send_signal(signal.SIGKILL)
-        a.wait(10)
-        killed_at = len(_lines(log_a))
-        assert killed_at < n * 0.9, "worker A finished before it was killed: make the stream longer"
-
-        expected_dead = {s["id"] for s in specs if s["mode"] == "non_retryable"}
-        expected_handled = set(by_id) - expected_dead
-
-        def all_terminal() -> bool:
-            handled = _terminal_handled(_lines(log_a) + _lines(log_b), by_id)
-            return set(handled) >= expected_handled
-
-        wait_for(all_terminal, 120, interval=0.5, what="every message handled")
-        dead = read_topic(bootstrap, dep.failed, expect=len(expected_dead), timeout=60)
-    finally:
-        for proc in (a, b):
-            stop_process(proc)
-    handled = _terminal_handled(_lines(log_a) + _lines(log_b), by_id)
-    dead_ids = Counter(json.loads(r.value or b"{}")["id"] for r in dead)
-    assert set(dead_ids) == expected_dead
-    assert not (set(handled) & set(dead_ids)), "a message ended in two places"
-    assert set(handled) | set(dead_ids) == set(by_id), "lost messages"
-    for rec in dead:
-        assert rec.header(h.DEAD_REASON) == b"non_retryable"
-    dup_handled = sum(c - 1 for c in handled.values())
-    dup_dead = sum(c - 1 for c in dead_ids.values())
-    print(
-        f"\nSIGKILL test: {n} messages, worker A killed after {killed_at} calls; "
-        f"duplicates: {dup_handled} handled twice, {dup_dead} dead-lettered twice"
-    )
 
 
 def test_sigterm_during_load_exits_zero_with_offsets_committed(
@@ -183,3 +137,88 @@ def test_main_and_tier_roles_in_separate_processes(bootstrap: str, tmp_path: Pat
     assert {c["topic"] for c in tier_calls} == {dep.tier("1s")}
     assert sorted(c["id"] for c in main_calls) == sorted(s["id"] for s in specs)
     assert {json.loads(r.value or b"{}")["id"] for r in dead} == {f"r{i}" for i in range(1, 20, 2)}
+
+
+def psutil_alive(pid: int) -> bool:
+    from retryd.runtime.heartbeat import pid_alive
+
+    return pid_alive(pid)
+
+
+def _stderr(log: Path) -> str:
+    return "".join(p.read_text(errors="replace") for p in log.parent.glob(f"{log.stem}.*.stderr"))
+
+
+def test_supervisor_restarts_a_child_that_fails_at_runtime_and_keeps_the_others(
+    bootstrap: str, tmp_path: Path
+) -> None:
+    dep = deployment(bootstrap, tmp_path, sequence="1s", partitions=2, handler_timeout_s=0.5)
+    # Two hung calls in the process that owns partition 0 exceed max_abandoned_handlers=1:
+    # that child exits with the runtime-fault status and must be restarted.
+    hangs = [
+        (b"h%d" % i, json.dumps({"id": f"hang{i}", "mode": "hang"}).encode()) for i in range(2)
+    ]
+    from tests.support import produce
+
+    produce(bootstrap, dep.main, hangs, partition=0)
+    oks = [{"id": f"ok{i}", "mode": "slow", "seconds": 0.01} for i in range(400)]
+    dep.send(oks)
+    log = tmp_path / "sup.log"
+    sup = dep.spawn_worker(
+        log,
+        "--processes",
+        "2",
+        env={"RETRYD_MAX_ABANDONED_HANDLERS": "1", "RETRYD_ORDERING": "none"},
+    )
+    try:
+        wait_for(
+            lambda: "failed at runtime (status 5); restarting it" in _stderr(log),
+            60,
+            what="the supervisor to restart the failed child",
+        )
+        wanted = {s["id"] for s in oks} | {"hang0", "hang1"}
+        wait_for(
+            lambda: (
+                {c["id"] for c in _lines(log) if not c["id"].startswith("hang")}
+                | {c["id"] for c in _lines(log) if c["retry_number"] == 1}
+                >= wanted
+            ),
+            90,
+            what="every message handled (the hung ones on their retry)",
+        )
+        started = wait_for(
+            lambda: (s := re.findall(r"started worker process pid=(\d+)", _stderr(log)))[2:] and s,
+            30,
+            what="the replacement child (after the restart backoff)",
+        )
+        assert len(started) == 3, f"two children plus one replacement: {started}"
+        failed = re.findall(r"worker process pid=(\d+) failed at runtime", _stderr(log))
+        assert len(failed) == 1
+        survivor = next(pid for pid in started[:2] if pid != failed[0])
+        assert psutil_alive(int(survivor)), "the other child kept running"
+        assert psutil_alive(int(started[2])), "the replacement is running"
+        assert sup.poll() is None, "the supervisor keeps running"
+    finally:
+        code = stop_process(sup)
+    assert code == 0
+    hung = [c for c in _lines(log) if c["id"].startswith("hang")]
+    assert {c["retry_number"] for c in hung} == {0, 1}  # timed out, retried, handled
+
+
+def test_supervisor_stops_the_group_when_a_child_cannot_start(
+    bootstrap: str, tmp_path: Path
+) -> None:
+    dep = deployment(bootstrap, tmp_path, sequence="1s", partitions=2)
+    log = tmp_path / "bad.log"
+    sup = dep.spawn_worker(
+        log, "--processes", "2", env={"RETRYD_HANDLER": "python:tests.no_such_module_xyz:f"}
+    )
+    try:
+        code = sup.wait(60)
+    finally:
+        stop_process(sup)
+    assert code == 4
+    err = _stderr(log)
+    assert "cannot import module 'tests.no_such_module_xyz'" in err
+    assert "cannot start" in err and "stopping the group" in err
+    assert "restarting" not in err

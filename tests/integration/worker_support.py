@@ -70,10 +70,14 @@ class Deployment:
             "RETRYD_MAX_POLL_INTERVAL_MS": str(s.max_poll_interval_ms),
             "RETRYD_NON_RETRYABLE": ",".join(s.non_retryable),
             "RETRYD_STATE_DIR": str(s.state_dir),
+            "RETRYD_MAX_IN_FLIGHT": str(s.max_in_flight),
+            "RETRYD_ORDERING": s.ordering.value,
         }
 
-    def spawn_worker(self, log_path: Path, *args: str) -> subprocess.Popen[bytes]:
-        env = {**self.env(), "RETRYD_TEST_LOG": str(log_path)}
+    def spawn_worker(
+        self, log_path: Path, *args: str, env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
+        env = {**self.env(), "RETRYD_TEST_LOG": str(log_path), **(env or {})}
         stderr = open(log_path.with_suffix(f".{len(list(log_path.parent.iterdir()))}.stderr"), "wb")  # noqa: SIM115
         return subprocess.Popen(
             [sys.executable, "-m", "retryd", "worker", *args],

@@ -15,7 +15,7 @@ from retryd.worker.events import BatchStats, Buckets
 from retryd.worker.intake import effective_due_ms
 from retryd.worker.partition import PAUSE_BUFFER, PAUSE_PRODUCER, PartitionState
 from retryd.worker.router import Router
-from retryd.worker.scheduler import Run, Scheduler
+from retryd.worker.scheduler import Scheduler
 from retryd.worker.summary import RunSummary
 from retryd.worker.work import Work
 from tests.stub_kafka import StubBroker
@@ -31,33 +31,56 @@ def _work(offset: int, part: PartitionState | None = None) -> Work:
 
 
 # ------------------------------------------------------------------ scheduler
-def test_runs_of_one_key_chain_and_continue_in_order() -> None:
+def _keyed(offset: int, key: object) -> Work:
+    w = _work(offset)
+    w.lock = key
+    w.next = None
+    return w
+
+
+def test_records_of_a_busy_key_chain_behind_it_and_continue_in_order() -> None:
     s = Scheduler()
-    a1, a2, b1 = Run([_work(0)], "a"), Run([_work(2)], "a"), Run([_work(1)], "b")
+    a1, b1, a2 = _keyed(0, "a"), _keyed(1, "b"), _keyed(2, "a")
     assert s.submit([a1, b1]) == 2
     assert s.submit([a2]) == 0  # "a" is busy: chained, not ready
-    assert s.take() is a1 and s.take() is b1 and s.take() is None
-    assert s.finish(a1) is a2  # the slot continues with the key's next run
-    assert s.finish(a2) is None and s.busy_keys == 1
-    assert s.finish(b1) is None and s.busy_keys == 0
+    assert s.take(10) == [a1, b1] and s.take() == []
+    assert s.release(a1) is a2  # the slot continues with the key's next record
+    assert s.release(a2) is None and s.busy_keys == 1
+    assert s.release(b1) is None and s.busy_keys == 0
 
 
-def test_keyless_runs_never_chain() -> None:
+def test_release_many_hands_back_successors_under_one_lock() -> None:
     s = Scheduler()
-    assert s.submit([Run([_work(0)], None), Run([_work(1)], None)]) == 2
+    a1, b1, a2, b2 = _keyed(0, "a"), _keyed(1, "b"), _keyed(2, "a"), _keyed(3, "b")
+    s.submit([a1, b1, a2, b2])
+    held = s.take(10)
+    successors: list[Work] = []
+    s.release_many(held, successors)
+    assert successors == [a2, b2] and s.busy_keys == 2
 
 
-def test_replace_puts_the_rest_of_an_abandoned_run_first_and_keeps_the_chain() -> None:
+def test_keyless_records_never_chain() -> None:
     s = Scheduler()
-    first, second = Run([_work(0), _work(1), _work(2)], "k"), Run([_work(3)], "k")
-    s.submit([first, second])
-    assert s.take() is first
-    s.submit([Run([_work(9)], "other")])
-    rest = Run(first.items[1:], "k")
-    s.replace(first, rest)
-    assert s.take() is rest  # before "other"
-    assert s.finish(rest) is second  # the key's chain continues behind the replacement
-    assert s.finish(second) is None
+    assert s.submit([_keyed(0, None), _keyed(1, None)]) == 2
+
+
+def test_requeued_records_go_first_in_order() -> None:
+    s = Scheduler()
+    a, b, c = _keyed(0, "a"), _keyed(1, "b"), _keyed(2, "c")
+    s.submit([a, b, c])
+    assert s.take(2) == [a, b]
+    s.requeue([a, b])
+    assert s.take(3) == [a, b, c]
+
+
+def test_wait_below_returns_once_slots_took_enough() -> None:
+    import threading
+
+    s = Scheduler()
+    s.submit([_keyed(i, None) for i in range(10)])
+    threading.Timer(0.05, lambda: s.take(8)).start()
+    s.wait_below(2, 5.0)
+    assert s.ready_items <= 2
 
 
 # ------------------------------------------------------------------ partition window
