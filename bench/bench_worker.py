@@ -257,7 +257,7 @@ def memory(run: Run, n_small: int, n_big: int) -> dict:
             proc = cli.start()
             try:
                 _wait_assigned(cli.state_dir, proc)
-                time.sleep(8 if run.quick else 20)  # let it fill its buffers and pause
+                time.sleep(4 if run.quick else 20)  # let it fill its buffers and pause
                 out[label] = {"records": n, "peak_rss_mb": h.peak_rss_mb(proc.pid)}
             finally:
                 h.stop(proc)

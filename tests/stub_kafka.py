@@ -68,6 +68,10 @@ class StubMessage:
     def timestamp(self) -> tuple[int, int]:
         return (1, self._rec.timestamp) if self._rec else (0, -1)
 
+    def __len__(self) -> int:
+        """Like confluent_kafka.Message: the value's length."""
+        return len(self._rec.value or b"") if self._rec else 0
+
 
 class _EofMessage(StubMessage):
     """An end-of-partition event: its offset is the partition's end."""

@@ -93,17 +93,15 @@ class Intake:
                 continue  # delivered twice (never expected without seeks; harmless to skip)
             st.position = offset + 1
             w = new_work(raw, topic, partition, offset, st)
-            key = raw.key()
-            value = raw.value()
-            size = (len(value) if value is not None else 0) + (len(key) if key is not None else 0)
+            size = len(raw)  # the value's bytes: what buffers hold (keys are small)
             w.size = size
             st.pending.append(w)
             st.pending_bytes += size
             if st.delay_ms is None:
-                w.lock = (st, key) if by_key else (st if by_partition else None)
+                w.lock = (st, raw.key()) if by_key else (st if by_partition else None)
                 new(w)
             else:
-                self._tier_record(w, st, key, now_ms, stats)
+                self._tier_record(w, st, raw.key() if by_key else None, now_ms, stats)
 
     def _tier_record(
         self, w: Work, st: PartitionState, key: bytes | None, now_ms: int, stats: BatchStats

@@ -30,7 +30,7 @@ class Work(Message):
     lock: Hashable | None  # ordering key: records with the same lock never overlap
     next: Work | None  # the record of the same lock queued behind this one
     due: int  # tier records: effective due time (epoch ms); 0 on main topics
-    size: int  # key + value bytes (buffer accounting)
+    size: int  # value bytes (buffer accounting)
     result: HandlerResult | None
     started: float  # perf_counter() when the handler call started
     seconds: float  # handler call duration

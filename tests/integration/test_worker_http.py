@@ -87,3 +87,59 @@ def test_worker_routes_by_http_answers(bootstrap: str, tmp_path: Path, business:
     hop = read_topic(bootstrap, dep.tier("1s"), expect=1)
     assert hop[0].key == b"fail-once" and hop[0].header(h.ERROR_CLASS) == b"http_503"
     assert summary.total("dropped") == 1 and summary.total("success") == 2
+
+
+def test_odd_header_values_never_stop_an_http_worker(
+    bootstrap: str, tmp_path: Path, business: str
+) -> None:
+    """A tier record whose ``retryd_original_topic`` is UTF-8 but not ASCII used to crash every
+    HTTP-mode worker (UnicodeEncodeError in the HTTP client) on every restart. It is now
+    dead-lettered as malformed; odd *user* headers reach the handler intact."""
+    from retryd.worker.process import EXIT_OK
+
+    dep = deployment(bootstrap, tmp_path, sequence="1s", handler=business)
+    good = [
+        (h.RETRY_NUMBER, b"1"),
+        (h.RETRY_TIMESTAMP, b"0"),
+        (h.ORIGINAL_PARTITION, b"0"),
+        (h.ORIGINAL_OFFSET, b"0"),
+    ]
+    odd_topics = [
+        "tópico".encode(),
+        "日本語".encode(),
+        b"line\r\nX-Injected: 1",
+        b"\xff\xfe",
+        b"a" * 300,
+    ]
+    records = [
+        (b"odd%d" % i, b"ok", [*good, (h.ORIGINAL_TOPIC, topic)])
+        for i, topic in enumerate(odd_topics)
+    ]
+    records.append(
+        (
+            b"user-headers",
+            b"ok",
+            [
+                *good,
+                (h.ORIGINAL_TOPIC, dep.main.encode()),
+                ("grüße", "héllo".encode()),
+                ("bin", b"\x00\xff"),
+                ("crlf", b"a\r\nb"),
+                ("nul", None),
+            ],
+        )
+    )
+    produce(bootstrap, dep.tier("1s"), records)
+    log = tmp_path / "http.log"
+    proc = dep.spawn_worker(log, "--until-drained")
+    try:
+        code = proc.wait(120)
+    finally:
+        from tests.integration.worker_support import stop_process
+
+        stop_process(proc)
+    assert code == EXIT_OK
+    dead = read_topic(bootstrap, dep.failed, expect=len(odd_topics))
+    assert sorted(r.key for r in dead) == sorted(b"odd%d" % i for i in range(len(odd_topics)))
+    assert {r.header(h.DEAD_REASON) for r in dead} == {b"malformed"}
+    assert [body for body, _, _ in _Business.seen] == ["ok"]  # the well-formed one only

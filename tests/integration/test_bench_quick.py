@@ -1,0 +1,40 @@
+"""The worker benchmark harness runs end to end (``--quick``): every scenario produces its row.
+This checks the harness, not the numbers (those live in BENCHMARKS.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_worker_benchmark_quick_mode_produces_every_row(bootstrap: str) -> None:
+    env = {**os.environ}
+    env.pop("RETRYD_TEST_BOOTSTRAP", None)  # the harness starts a broker per scenario
+    out = subprocess.run(
+        [sys.executable, "bench/bench_worker.py", "--quick", "--no-write"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = json.loads(out.stdout.strip().splitlines()[-1])["rows"]
+    assert {r["row"] for r in rows} == {
+        "success",
+        "routing",
+        "http",
+        "async",
+        "lateness_p50",
+        "lateness_p99",
+        "memory",
+        "scale",
+    }
+    for row in rows:
+        assert row["measured"] > 0 or row["row"].startswith("lateness"), row
