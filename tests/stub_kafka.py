@@ -318,7 +318,14 @@ class StubProducer:
     buffer_errors: int = 0
     produced: dict[str, int] = field(default_factory=lambda: defaultdict(int))
 
-    def produce(self, topic: str, **kw: Any) -> None:
+    def produce(self, topic: str, *args: Any, **kw: Any) -> None:
+        # the client's positional order ("callback" and "on_delivery" are aliases)
+        names = ("value", "key", "partition", "on_delivery", "_alias", "timestamp", "headers")
+        kw.update(zip(names, args, strict=False))
+        if kw.get("on_delivery") is None:
+            kw["on_delivery"] = kw.get("_alias")
+        if kw.get("partition") == -1:
+            kw["partition"] = None  # unassigned: the partitioner decides
         if len(self.pending) >= self.queue_limit:
             self.buffer_errors += 1
             raise BufferError("Local: Queue full")

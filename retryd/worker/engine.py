@@ -105,7 +105,7 @@ class Worker:
         self._inflight_seen = -1
         self._paused_seen: dict[str, int] | None = None
         make_consumer: ConsumerFactory = consumer_factory or new_consumer  # type: ignore[assignment]
-        self._make_producer: ProducerFactory = producer_factory or new_producer  # type: ignore[assignment]
+        self._make_producer: ProducerFactory = producer_factory or new_producer
         self._consumer = make_consumer(worker_consumer_config(settings, self.role, self._on_stats))
         self.book = PartitionBook(self._consumer, self.plan.tier_delays)
         self.scheduler = Scheduler()
@@ -153,9 +153,9 @@ class Worker:
             counts = self._check_topics()
             self._total_partitions = sum(counts[t] for t in self.topics)
             producer = self._make_producer(worker_producer_config(self.settings))
-            self._router = Router(producer, counts)
             planner = RoutePlanner(self.plan, self.settings.group_id)
-            self._settler = Settler(planner, self._router, self.book, self._set_fatal)
+            settler = self._settler = Settler(planner, self.book, self._set_fatal)
+            self._router = settler.router = Router(producer, counts, settler.acked, settler.failed)
             self._consumer.subscribe(
                 self.topics,
                 on_assign=self._on_assign,

@@ -11,55 +11,50 @@ bounded by what was already consumed (nothing new is consumed while blocked).
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from confluent_kafka import KafkaError, KafkaException
 
-from retryd.policy.routing import Route, target_partition
+from retryd.policy.routing import Route
 
-Acked = Callable[[int, int], None]  # (partition, offset) of the routed copy
-Failed = Callable[[KafkaError], None]
+Acked = Callable[[Any, Route, int, int], None]  # (context, route, partition, offset of the copy)
+Failed = Callable[[Any, Route, KafkaError], None]
+
+PARTITION_UNASSIGNED = -1  # librdkafka's RD_KAFKA_PARTITION_UA: the partitioner decides
 
 
 class ProducerLike(Protocol):
     """The part of ``confluent_kafka.Producer`` the worker uses (stubbed in unit tests)."""
 
-    def produce(self, topic: str, **kwargs: Any) -> None: ...
+    def produce(self, topic: str, *args: Any, **kwargs: Any) -> None: ...
 
     def poll(self, timeout: float = ...) -> int: ...
 
     def flush(self, timeout: float = ...) -> int: ...
 
 
-class _Copy:
-    __slots__ = ("key", "on_acked", "on_failed", "partition", "route", "value")
+class Router:
+    """Sends routed copies and reports each acknowledgement (or failure) to ``on_acked``
+    (``on_failed``) with the context given to ``send``: one small closure per copy, no
+    keyword dictionaries, so the per-failure cost is the client's ``produce`` itself."""
 
     def __init__(
         self,
-        route: Route,
-        key: bytes | None,
-        value: bytes | None,
-        partition: int | None,
+        producer: ProducerLike,
+        partition_counts: dict[str, int],
         on_acked: Acked,
         on_failed: Failed,
     ) -> None:
-        self.route = route
-        self.key = key
-        self.value = value
-        self.partition = partition
-        self.on_acked = on_acked
-        self.on_failed = on_failed
-
-
-class Router:
-    def __init__(self, producer: ProducerLike, partition_counts: dict[str, int]) -> None:
         self._producer = producer
         self.partition_counts = partition_counts
+        self._on_acked = on_acked
+        self._on_failed = on_failed
         self.inflight = 0  # produced, not yet acknowledged or failed
         self.produced_end: dict[tuple[str, int], int] = {}  # acknowledged copies, per partition
-        self._backlog: deque[_Copy] = deque()
+        self._backlog: deque[tuple[Route, bytes | None, bytes | None, int, Any]] = deque()
 
     @property
     def blocked(self) -> bool:
@@ -76,45 +71,52 @@ class Router:
         key: bytes | None,
         value: bytes | None,
         source_partition: int,
-        on_acked: Acked,
-        on_failed: Failed,
+        context: Any,
     ) -> None:
-        partition = target_partition(source_partition, self.partition_counts.get(route.topic))
-        copy = _Copy(route, key, value, partition, on_acked, on_failed)
-        if self._backlog or not self._produce(copy):
-            self._backlog.append(copy)
+        count = self.partition_counts.get(route.topic)
+        partition = (
+            source_partition
+            if count is not None and 0 <= source_partition < count
+            else PARTITION_UNASSIGNED
+        )
+        if self._backlog or not self._produce(route, key, value, partition, context):
+            self._backlog.append((route, key, value, partition, context))
 
-    def _produce(self, copy: _Copy) -> bool:
+    def _produce(
+        self, route: Route, key: bytes | None, value: bytes | None, partition: int, context: Any
+    ) -> bool:
         """Hand one copy to librdkafka; False when its queue is full (try again later)."""
-        route = copy.route
 
         def delivered(err: KafkaError | None, out: Any) -> None:
             self.inflight -= 1
             if err is not None:
-                copy.on_failed(err)
+                self._on_failed(context, route, err)
                 return
             partition, offset = out.partition(), out.offset()
             end = self.produced_end
             k = (route.topic, partition)
             if offset + 1 > end.get(k, 0):
                 end[k] = offset + 1
-            copy.on_acked(partition, offset)
+            self._on_acked(context, route, partition, offset)
 
-        kwargs: dict[str, Any] = {
-            "key": copy.key,
-            "value": copy.value,
-            "headers": route.headers,
-            "timestamp": route.timestamp_ms,
-            "on_delivery": delivered,
-        }
-        if copy.partition is not None:
-            kwargs["partition"] = copy.partition
         try:
-            self._producer.produce(route.topic, **kwargs)
+            # Positional, like the client's C signature: (topic, value, key, partition, callback,
+            # on_delivery, timestamp, headers). No keyword dictionary per copy.
+            self._producer.produce(
+                route.topic,
+                value,
+                key,
+                partition,
+                delivered,
+                None,
+                route.timestamp_ms,
+                route.headers,
+            )
         except BufferError:
             return False
         except KafkaException as exc:  # refused locally, e.g. larger than message.max.bytes
-            copy.on_failed(exc.args[0] if exc.args else KafkaError(KafkaError._FAIL))
+            err = exc.args[0] if exc.args else KafkaError(KafkaError._FAIL)
+            self._on_failed(context, route, err)
             return True
         self.inflight += 1
         return True
@@ -123,13 +125,11 @@ class Router:
         """Serve delivery reports, then move waiting copies into the freed room."""
         self._producer.poll(0)
         backlog = self._backlog
-        while backlog and self._produce(backlog[0]):
+        while backlog and self._produce(*backlog[0]):
             backlog.popleft()
 
     def flush(self, timeout_s: float) -> int:
         """Wait for every acknowledgement (backlog included); returns copies still undelivered."""
-        import time
-
         deadline = time.monotonic() + timeout_s
         while self._backlog and time.monotonic() < deadline:
             self._producer.poll(0.05)

@@ -16,7 +16,6 @@ from confluent_kafka import KafkaError
 
 from retryd.errors import DeliveryError
 from retryd.policy.classify import Outcome
-from retryd.policy.headers import envelope_for_source
 from retryd.policy.routing import Route, RoutePlanner
 from retryd.worker.book import PartitionBook
 from retryd.worker.events import BatchStats
@@ -33,12 +32,11 @@ class Settler:
     def __init__(
         self,
         planner: RoutePlanner,
-        router: Router,
         book: PartitionBook,
         on_fatal: Callable[[BaseException], None],
     ) -> None:
         self.planner = planner
-        self.router = router
+        self.router: Router  # set by the worker once the producer exists
         self.book = book
         self._on_fatal = on_fatal
         self.stats = BatchStats()
@@ -61,8 +59,22 @@ class Settler:
             if result.outcome is _SUCCESS or result.outcome is _DROP:  # never queued here
                 w.state = Work.DONE
                 continue
-            env = w._env or envelope_for_source(w.topic, w.partition, w.offset, w.timestamp)
-            route = self.planner.failure(env, w.headers, result, now_ms)
+            env = w._env
+            if env is None:  # first failure, on a main topic: the record is its own origin
+                raw = w._raw
+                route = self.planner.route(
+                    w.topic,
+                    w.partition,
+                    w.offset,
+                    raw.timestamp()[1] if raw is not None else w.timestamp,
+                    0,
+                    None,
+                    raw.headers() if raw is not None else w.headers,
+                    result,
+                    now_ms,
+                )
+            else:
+                route = self.planner.failure(env, w.headers, result, now_ms)
             if route.is_dead:
                 log.info(
                     "%s dead-lettered (%s): %s", w.where, route.dead_reason, result.error_class
@@ -71,45 +83,42 @@ class Settler:
         return n
 
     def route(self, w: Work, route: Route) -> None:
-        """Send ``w``'s routed copy; ``w`` settles on the acknowledgement."""
+        """Send ``w``'s routed copy; ``w`` settles on the acknowledgement (``acked``)."""
         w.state = Work.ROUTING
-        topic = w.topic
-        stats = self.stats
-        outcome = "dead" if route.is_dead else "retried"
-        reason = route.dead_reason
-        book = self.book
-
-        def acked(partition: int, offset: int) -> None:
-            w.state = Work.DONE
-            s = self.stats  # the current batch's stats, not the one at send time
-            s.outcomes[(topic, outcome)] += 1
-            if reason is not None:
-                s.dead[reason] += 1
-            target = book.parts.get((route.topic, partition))
-            if target is not None and offset + 1 > target.known_end:
-                target.known_end = offset + 1
-
-        def failed(err: KafkaError) -> None:
-            hint = ""
-            if err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
-                hint = (
-                    " (the copy carries retryd headers on top of the original: raise the producer's"
-                    " message.max.bytes and the tier/failed topics' max.message.bytes)"
-                )
-            exc = DeliveryError(
-                f"routed copy of {w.where} to {route.topic} failed: {err.str()}{hint}; "
-                "the input stays uncommitted and is redone after a restart"
-            )
-            log.error("%s", exc)
-            self._on_fatal(exc)
-
-        del stats
         raw = w._raw
         if raw is not None:
-            key, value = raw.key(), raw.value()
+            self.router.send(route, raw.key(), raw.value(), w.partition, w)
         else:
-            key, value = w.key, w.value
-        self.router.send(route, key, value, w.partition, acked, failed)
+            self.router.send(route, w.key, w.value, w.partition, w)
+
+    def acked(self, w: Work, route: Route, partition: int, offset: int) -> None:
+        """The broker acknowledged ``w``'s copy (acks=all): ``w`` is done."""
+        w.state = Work.DONE
+        stats = self.stats  # the current iteration's, not the one at send time
+        reason = route.dead_reason
+        if reason is None:
+            stats.outcomes[(w.topic, "retried")] += 1
+        else:
+            stats.outcomes[(w.topic, "dead")] += 1
+            stats.dead[reason] += 1
+        target = self.book.parts.get((route.topic, partition))
+        if target is not None and offset + 1 > target.known_end:
+            target.known_end = offset + 1
+
+    def failed(self, w: Work, route: Route, err: KafkaError) -> None:
+        """The copy could not be delivered: stop, leaving ``w``'s offset uncommitted."""
+        hint = ""
+        if err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
+            hint = (
+                " (the copy carries retryd headers on top of the original: raise the producer's"
+                " message.max.bytes and the tier/failed topics' max.message.bytes)"
+            )
+        exc = DeliveryError(
+            f"routed copy of {w.where} to {route.topic} failed: {err.str()}{hint}; "
+            "the input stays uncommitted and is redone after a restart"
+        )
+        log.error("%s", exc)
+        self._on_fatal(exc)
 
     def take_stats(self) -> BatchStats:
         """This iteration's observations; a fresh accumulator starts."""

@@ -129,12 +129,12 @@ class _Full:
         self.sent: list[Any] = []
         self.callbacks: list[Any] = []
 
-    def produce(self, topic: str, **kw: Any) -> None:
+    def produce(self, topic: str, value: Any, key: Any, partition: int, cb: Any, *_: Any) -> None:
         if self.n > 0:
             self.n -= 1
             raise BufferError("Local: Queue full")
-        self.sent.append(kw["key"])
-        self.callbacks.append(kw["on_delivery"])
+        self.sent.append(key)
+        self.callbacks.append(cb)
 
     def poll(self, timeout: float = 0) -> int:
         return 0
@@ -149,15 +149,18 @@ def _route() -> Route:
 
 def test_router_keeps_copies_in_order_while_the_queue_is_full() -> None:
     producer = _Full(2)
-    router = Router(producer, {"tier": 1})
     acked: list[int] = []
+    router = Router(producer, {"tier": 1}, lambda ctx, r, p, o: acked.append(ctx), print)
     for i in range(3):
-        router.send(_route(), b"%d" % i, b"v", 0, lambda p, o, i=i: acked.append(i), print)
+        router.send(_route(), b"%d" % i, b"v", 0, i)
     assert router.blocked and router.backlog == 3 and producer.sent == []
     router.poll()  # still full: nothing overtakes the head of the backlog
     assert router.blocked and producer.sent == []
     router.poll()  # room again: the backlog drains in order
     assert producer.sent == [b"0", b"1", b"2"] and not router.blocked
+    for cb in producer.callbacks:
+        cb(None, type("Out", (), {"partition": lambda s: 0, "offset": lambda s: 7})())
+    assert acked == [0, 1, 2] and router.produced_end == {("tier", 0): 8}
 
 
 # ------------------------------------------------------------------ book: pause reasons
