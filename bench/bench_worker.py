@@ -91,31 +91,39 @@ def _main_topic(bootstrap: str, n: int, keys: int) -> str:
 
 # ------------------------------------------------------------------ scenarios
 def success(run: Run, n: int) -> dict:
-    """Success path: no-op sync handler vs raw consume + store_offsets per message. Also
-    ``--processes 2`` vs 1 on the same topic."""
+    """Success path: no-op sync handler vs raw consume + store_offsets per message."""
     with h.broker() as b:
         topic = _main_topic(b, n, 50_000)
         raw = h.run_child("raw", b, topic, str(n))
         cli = run.cli(b, topic, "python:bench.handlers:noop")
         cli.topics_create()
         one = _throughput(run, cli, topic, "success", n)
+    return {
+        "raw": raw,
+        "retryd": one,
+        "ratio": one["msgs_per_s"] / raw["msgs_per_s"],
+        "rss_ratio": one["rss_mb"] / raw["rss_mb"],
+    }
+
+
+def scale(run: Run, n: int) -> dict:
+    """``--processes 2`` vs 1 on 6 partitions, with CPU-bound business code (~50 µs of Python
+    per record), so the figure is retryd's scaling, not the broker's ceiling."""
+    with h.broker() as b:
+        topic = _main_topic(b, n, 50_000)
+        cli = run.cli(b, topic, "python:bench.handlers:burn")
+        cli.topics_create()
+        one = _throughput(run, cli, topic, "success", n, "--processes", "1")
         two = _throughput(
             run,
-            run.cli(b, topic, "python:bench.handlers:noop"),
+            run.cli(b, topic, "python:bench.handlers:burn"),
             topic,
             "success",
             n,
             "--processes",
             "2",
         )
-    return {
-        "raw": raw,
-        "retryd": one,
-        "retryd_2proc": two,
-        "ratio": one["msgs_per_s"] / raw["msgs_per_s"],
-        "scale_2v1": two["msgs_per_s"] / one["msgs_per_s"],
-        "rss_ratio": one["rss_mb"] / raw["rss_mb"],
-    }
+    return {"one": one, "two": two, "scale_2v1": two["msgs_per_s"] / one["msgs_per_s"]}
 
 
 def routing(run: Run, n: int) -> dict:
@@ -284,7 +292,7 @@ TARGETS = {
     "lateness_p50": ("due lateness p50 (ms), tiers 2s/5s/10s", "p50_ms", "<=", 50),
     "lateness_p99": ("due lateness p99 (ms), tiers 2s/5s/10s", "p99_ms", "<=", 250),
     "memory": ("peak RSS, 1,000,000 vs 10,000 not-yet-due tier records", "ratio", "<=", 1.10),
-    "scale": ("2 processes vs 1, 6 partitions", "scale_2v1", ">=", 1.7),
+    "scale": ("2 processes vs 1, 6 partitions, ~50 µs of CPU per record", "scale_2v1", ">=", 1.7),
 }
 
 
@@ -295,9 +303,7 @@ def _median(runs: list[dict], key: str) -> float:
 def summarize(results: dict[str, list[dict]]) -> list[dict]:
     rows = []
     for name, (label, key, op, target) in TARGETS.items():
-        source = {"lateness_p50": "lateness", "lateness_p99": "lateness", "scale": "success"}.get(
-            name, name
-        )
+        source = {"lateness_p50": "lateness", "lateness_p99": "lateness"}.get(name, name)
         runs = results.get(source)
         if not runs:
             continue
@@ -346,7 +352,8 @@ def write_markdown(rows: list[dict], info: dict[str, Any], params: dict[str, Any
         f"Settings: `retryd worker` CLI defaults (max_in_flight=16, ordering=key, batch_size=500, "
         f"multiprocess metrics on) except where a row says otherwise; {PARTITIONS} partitions, "
         f"{VALUE_BYTES}-byte values; N = {params['n']} (success, routing), {params['n_http']} "
-        f"(HTTP, async), {params['n_lateness']} (lateness); {params['repeat']} repeat(s), "
+        f"(HTTP, async), {params['n_lateness']} (lateness), {params['n_scale']} (scaling); "
+        f"{params['repeat']} repeat(s), "
         "median shown, every run listed.",
         "",
         "| figure | target | measured (median) | runs | met |",
@@ -378,7 +385,7 @@ def child(args: argparse.Namespace) -> None:
     print(json.dumps({"seconds": elapsed, "msgs_per_s": int(n) / elapsed, "rss_mb": rss_mb}))
 
 
-SCENARIOS = ("success", "routing", "http", "async", "lateness", "memory")
+SCENARIOS = ("success", "routing", "http", "async", "lateness", "memory", "scale")
 
 
 def main() -> None:
@@ -399,6 +406,7 @@ def main() -> None:
         "n": 5_000 if quick else 500_000,
         "n_http": 600 if quick else 20_000,
         "n_lateness": 1_000 if quick else 50_000,
+        "n_scale": 2_000 if quick else 100_000,
         "mem": (2_000, 20_000) if quick else (10_000, 1_000_000),
         "repeat": repeat,
     }
@@ -424,6 +432,8 @@ def main() -> None:
                     res = async_handler(run, params["n_http"])
                 elif name == "lateness":
                     res = lateness(run, params["n_lateness"])
+                elif name == "scale":
+                    res = scale(run, params["n_scale"])
                 else:
                     res = memory(run, *params["mem"])
                 print(f"  {json.dumps(res)}", file=sys.stderr)

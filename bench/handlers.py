@@ -21,6 +21,13 @@ def noop(message: Any) -> None:
     """Success path."""
 
 
+def burn(message: Any) -> None:
+    """CPU-bound business code: about 50 µs of pure Python per record (process scaling)."""
+    deadline = time.perf_counter() + 0.00005
+    while time.perf_counter() < deadline:
+        pass
+
+
 def fail_first(message: Any) -> None:
     """Every message fails once on its main topic (routing path)."""
     if message.retry_number == 0:
