@@ -31,7 +31,11 @@ class Scheduler:
         self.lock = threading.Lock()
         self.ready: deque[Work] = deque()
         self._tails: dict[Hashable, Work] = {}  # last record (queued or running) of a busy key
-        self._waiter: threading.Event | None = None
+        # wait_below's signal: a plain lock kept acquired while nobody should wake (releasing a
+        # C-level lock costs a fraction of an Event's Python-level condition).
+        self._signal = threading.Lock()
+        self._signal.acquire()
+        self._want = False
         self._low = 0
 
     def __len__(self) -> int:
@@ -75,10 +79,9 @@ class Scheduler:
         else:
             popleft = ready.popleft
             out = [popleft() for _ in range(min(n, len(ready)))]
-        waiter = self._waiter
-        if waiter is not None and len(ready) <= self._low:
-            self._waiter = None
-            waiter.set()
+        if self._want and len(ready) <= self._low:
+            self._want = False
+            self._signal.release()
         return out
 
     def take(self, n: int = 1) -> list[Work]:
@@ -140,9 +143,11 @@ class Scheduler:
         with self.lock:
             if len(self.ready) <= low:
                 return
-            waiter = self._waiter = threading.Event()
             self._low = low
-        waiter.wait(timeout_s)
+            self._want = True
+        self._signal.acquire(timeout=timeout_s)
         with self.lock:
-            if self._waiter is waiter:
-                self._waiter = None
+            if self._want:
+                self._want = False  # timed out: nobody released the signal
+            elif self._signal.acquire(blocking=False):
+                pass  # released after our timeout: re-arm (keep it acquired)
