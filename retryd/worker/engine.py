@@ -210,13 +210,13 @@ class Worker:
             intake.release_due(now_ms)
             self._dispatch()
             batch: list[Any] = []
-            if scheduler.ready_items >= batch_size and not self.book.backlog_paused:
+            if scheduler.ready_items >= 2 * batch_size and not self.book.backlog_paused:
                 # The pool is behind: consuming more would only grow the buffers. Wait for
                 # it to take half of what is runnable (settling meanwhile), not for the broker.
                 throttled_since = throttled_since or started
                 if started - throttled_since > THROTTLE_MAX_S:
                     self.book.set_backlog_pause(True)
-                scheduler.wait_below(batch_size // 2, BUSY_POLL_S)
+                scheduler.wait_below(batch_size, BUSY_POLL_S)
             else:
                 throttled_since = None
                 if self.book.backlog_paused and scheduler.ready_items <= batch_size // 2:

@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 ASYNC_CANCEL_GRACE_S = 1.0
 # A call running longer than this is "slow": the pool wakes another thread for ready records.
 SLOW_CALL_S = 0.0002
-MAX_CHUNK = 64  # records a fast slot takes per lock acquisition
+MAX_CHUNK = 256  # records a fast slot takes per lock acquisition
 # A slot takes as many records as it can run in about this long (by its average call time), so
 # fast calls cost one lock per chunk while slow ones never sit on records another slot could run.
 CHUNK_BUDGET_S = 0.0005
