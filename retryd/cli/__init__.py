@@ -4,6 +4,7 @@ from __future__ import annotations
 
 # Sub-command modules register themselves on import.
 from retryd.cli import dev as _dev  # noqa: F401
+from retryd.cli import health as _health  # noqa: F401
 from retryd.cli import replay as _replay  # noqa: F401
 from retryd.cli import sidecar as _sidecar  # noqa: F401
 from retryd.cli import spark as _spark  # noqa: F401

