@@ -37,11 +37,26 @@ class WorkerState(BaseModel):
     paused_partitions: int
 
 
+ReadinessReason = Literal["broker_unreachable", "no_live_worker", "worker_heartbeat_stale"]
+
+
 class Readiness(BaseModel):
+    """Without a valid API token only ``status`` and ``reasons`` (codes) are given: nothing
+    about where the cluster or the workers are."""
+
     status: Literal["ready", "not_ready"]
-    reasons: list[str] = Field(description="why the sidecar is not ready; empty when ready")
-    broker: dict[str, Any]
-    workers: list[WorkerState]
+    reasons: list[ReadinessReason] = Field(
+        description="why the sidecar is not ready, as codes; empty when ready"
+    )
+    details: list[str] | None = Field(
+        default=None, description="one sentence per reason (valid API token only)"
+    )
+    broker: dict[str, Any] | None = Field(
+        default=None, description="the broker's answer (valid API token only)"
+    )
+    workers: list[WorkerState] | None = Field(
+        default=None, description="worker heartbeats on this host (valid API token only)"
+    )
 
 
 class Preview(BaseModel):
@@ -154,6 +169,7 @@ class ReplayJobOut(BaseModel):
     max_per_second: float
     max_messages: int | None
     force: bool
+    requested_by: str = Field(description="id of the API token that started the job")
     scanned: int
     matched: int = Field(description="records matching the filter in the job's snapshot")
     to_replay: int = Field(description="matched records the job expects to replay")

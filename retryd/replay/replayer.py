@@ -11,7 +11,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,26 +21,49 @@ from retryd.errors import SequenceError
 from retryd.kafka.clients import new_consumer, new_producer, producer_config, reader_config
 from retryd.policy.headers import replay_headers
 from retryd.policy.sequence import validate_topic_name
+from retryd.replay import audit
 from retryd.replay.errors import (
     AlreadyReplayed,
     BrokerUnavailable,
     InvalidTarget,
+    RateLimited,
     ReplayFailed,
     TargetRefused,
+    TargetReserved,
 )
+from retryd.replay.fence import Fence
 from retryd.replay.ledger import LedgerEntry, LedgerError, ReplayLedger
+from retryd.replay.ratelimit import SharedRateLimit
 from retryd.replay.records import FailedRecord
 from retryd.replay.scan import partitions_of
 
 log = logging.getLogger(__name__)
 
 
-def replay_producer_config(common: dict[str, str]) -> dict[str, Any]:
+def replay_producer_config(
+    common: dict[str, str], delivery_timeout_s: float | None = None
+) -> dict[str, Any]:
     """Replayed copies are keyed like the original (librdkafka's default partitioner unless
-    the user set one)."""
-    return producer_config(
-        common, "replay", partitioner=common.get("partitioner", "murmur2_random"), log_level=3
-    )
+    the user set one). ``delivery_timeout_s`` (``message.timeout.ms``) bounds how long a copy
+    may stay without a definite outcome; None keeps librdkafka's default (5 minutes)."""
+    tuning: dict[str, Any] = {
+        "partitioner": common.get("partitioner", "murmur2_random"),
+        "log_level": 3,
+    }
+    if delivery_timeout_s is not None:
+        tuning["message.timeout.ms"] = int(delivery_timeout_s * 1000)
+    return producer_config(common, "replay", **tuning)
+
+
+def effective_delivery_timeout_s(conf: Mapping[str, Any]) -> float:
+    """The ``message.timeout.ms`` a producer built from ``conf`` uses (a pass-through value
+    wins over retryd's): every copy gets its delivery report within it."""
+    raw = conf.get("message.timeout.ms", conf.get("delivery.timeout.ms", 300_000))
+    try:
+        value = float(raw) / 1000
+    except (TypeError, ValueError):
+        return 300.0
+    return value if value > 0 else 300.0
 
 
 def new_replay_id(prefix: str = "r") -> str:
@@ -62,12 +85,25 @@ class ReplayOutcome:
 class TargetPolicy:
     """Which topics a replay may write to: ``replay_allowlist``, or the main topics if empty.
 
+    Never a target, whatever the allow-list says: ``reserved`` topics (retryd's own: the
+    ledger, ``failed_topic``, the tiers; name -> what it is) and Kafka-internal topics (names
+    starting with ``__``). A copy replayed into a tier or into ``failed_topic`` would skip the
+    retry sequence or loop; one in the ledger or ``__consumer_offsets`` corrupts state.
+
     Topic existence is looked up once per topic and cached briefly (metadata requests are not
     free, and a bulk job asks for every record).
     """
 
-    def __init__(self, common: dict[str, str], allowlist: list[str], ttl_s: float = 30.0) -> None:
-        self.allowed = frozenset(allowlist)
+    def __init__(
+        self,
+        common: dict[str, str],
+        allowlist: list[str],
+        ttl_s: float = 30.0,
+        *,
+        reserved: Mapping[str, str] | None = None,
+    ) -> None:
+        self.reserved = dict(reserved or {})
+        self.allowed = frozenset(t for t in allowlist if self.refusal(t) is None)
         self.ttl_s = ttl_s
         self._meta: Consumer | None = None
         self._common = common
@@ -89,7 +125,21 @@ class TargetPolicy:
         self.require_allowed(topic)
         return topic
 
+    def refusal(self, topic: str) -> str | None:
+        """Why ``topic`` can never be a replay target, or None."""
+        kind = self.reserved.get(topic)
+        if kind is not None:
+            return f"target topic {topic} is {kind}"
+        if topic.startswith("__"):
+            return f"target topic {topic} is a Kafka-internal topic (its name starts with __)"
+        return None
+
     def require_allowed(self, topic: str) -> None:
+        reason = self.refusal(topic)
+        if reason is not None:
+            raise TargetReserved(
+                f"{reason}: replaying into it is refused whatever replay_allowlist says"
+            )
         if topic not in self.allowed:
             allowed = ", ".join(sorted(self.allowed)) or "(empty: set replay_allowlist)"
             raise TargetRefused(f"target topic {topic} is not in the replay allow-list ({allowed})")
@@ -136,7 +186,11 @@ def who() -> str:
 
 
 class Replayer:
-    """Single-record replays for the API and the CLI. Thread-safe."""
+    """Single-record replays for the API and the CLI. Thread-safe.
+
+    Each replay runs inside ``fence`` (``close`` waits for it) and takes a token of the shared
+    ``ceiling`` (the sidecar-wide replay rate) before producing.
+    """
 
     def __init__(
         self,
@@ -146,26 +200,46 @@ class Replayer:
         *,
         by: str = "sidecar",
         timeout_s: float = 10.0,
+        delivery_timeout_s: float | None = None,
+        ceiling: SharedRateLimit | None = None,
     ) -> None:
         self.common = common
         self.ledger = ledger
         self.policy = policy
-        self.by = f"{by}@{who()}"
+        self.by_prefix = by
         self.timeout_s = timeout_s
+        self.conf = replay_producer_config(common, delivery_timeout_s)
+        # Wait for the delivery report itself (it comes within message.timeout.ms), so a copy
+        # is never left with an unknown outcome.
+        self.delivery_wait_s = effective_delivery_timeout_s(self.conf) + timeout_s
+        self.ceiling = ceiling
+        self.fence = Fence()
         self._producer: Producer | None = None
         self._lock = threading.Lock()
 
     def _get_producer(self) -> Producer:
         with self._lock:
             if self._producer is None:
-                self._producer = new_producer(replay_producer_config(self.common))
+                self._producer = new_producer(self.conf)
             return self._producer
 
     def replay(
-        self, rec: FailedRecord, *, target: str | None = None, force: bool = False
+        self,
+        rec: FailedRecord,
+        *,
+        target: str | None = None,
+        force: bool = False,
+        actor: str = "cli",
     ) -> ReplayOutcome:
         """Replay ``rec`` once; raises TargetRefused, AlreadyReplayed, ReplayFailed,
-        BrokerUnavailable. Counts ``retryd_replayed_total{status}``."""
+        BrokerUnavailable, RateLimited, ShuttingDown. Counts ``retryd_replayed_total{status}``
+        and writes one audit line naming ``actor``."""
+        with self.fence.enter("replay"):
+            return self._replay(rec, target, force, actor)
+
+    def _replay(
+        self, rec: FailedRecord, target: str | None, force: bool, actor: str
+    ) -> ReplayOutcome:
         from retryd.metrics.registry import REPLAYED
 
         topic = self.policy.choose(rec, target)
@@ -185,6 +259,11 @@ class Replayer:
                         f"to {previous.target_topic}); use force=true to replay it again",
                         previous,
                     )
+                if self.ceiling is not None and not self.ceiling.acquire(self.timeout_s):
+                    raise RateLimited(
+                        f"the sidecar's replay rate ceiling ({self.ceiling.rate:g}/s, "
+                        "replay_max_per_second) is reached; try again shortly"
+                    )
                 replay_id = new_replay_id()
                 part, offset = self._produce(rec, topic, count, replay_id)
                 entry = LedgerEntry(
@@ -194,7 +273,7 @@ class Replayer:
                     target_offset=offset,
                     replayed_at_ms=int(time.time() * 1000),
                     forced=previous is not None,
-                    by=self.by,
+                    by=f"{self.by_prefix}:{actor}@{who()}",
                 )
                 try:
                     self.ledger.record(coord, entry)
@@ -218,15 +297,14 @@ class Replayer:
         except LedgerError as exc:  # claim timeout
             raise ReplayFailed(str(exc)) from exc
         REPLAYED.labels(status="replayed").inc()
-        log.info(
-            "replayed %s[%d]@%d to %s[%d]@%d replay_id=%s",
-            rec.topic,
-            rec.partition,
-            rec.offset,
-            topic,
-            part,
-            offset,
-            replay_id,
+        audit.replayed(
+            actor=actor,
+            record=str(coord),
+            target=topic,
+            partition=part,
+            offset=offset,
+            replay_id=replay_id,
+            forced=previous is not None,
         )
         return ReplayOutcome(
             replay_id, str(coord), topic, part, offset, previous is not None, previous, concurrent
@@ -258,11 +336,14 @@ class Replayer:
             producer.produce(topic, **kwargs)
         except (BufferError, KafkaException) as exc:
             raise ReplayFailed(f"cannot produce to {topic}: {exc}") from exc
-        deadline = time.monotonic() + self.timeout_s * 3
+        deadline = time.monotonic() + self.delivery_wait_s
         while not result and time.monotonic() < deadline:
             producer.poll(0.05)
         if not result:
-            raise ReplayFailed(f"the copy to {topic} was not acknowledged in time")
+            raise ReplayFailed(
+                f"the copy to {topic} got no delivery report in {self.delivery_wait_s:g}s "
+                "(outcome unknown: it may exist without a ledger entry)"
+            )
         err, msg = result[0]
         if err is not None:
             from retryd.metrics.registry import REPLAYED
@@ -271,11 +352,19 @@ class Replayer:
             raise ReplayFailed(f"producing the copy to {topic} failed: {err.str()}")
         return msg.partition() or 0, msg.offset() or 0
 
-    def close(self) -> None:
+    def close(self, timeout_s: float | None = None) -> int:
+        """Refuse new replays, wait for those in progress (each is bounded by its delivery
+        and ledger waits), then close the producer. Returns how many were still running."""
+        left = self.fence.close(timeout_s if timeout_s is not None else self.shutdown_bound_s())
         with self._lock:
             if self._producer is not None:
-                self._producer.flush(5)
+                self._producer.flush(self.delivery_wait_s)
                 self._producer = None
+        return left
+
+    def shutdown_bound_s(self) -> float:
+        """The longest a replay in progress can take: ledger read, copy, ledger write."""
+        return self.timeout_s * 3 + self.delivery_wait_s * 2
 
 
 def replay_copy_kwargs(
@@ -306,12 +395,17 @@ def send_replay_copy(
     by: str,
     on_done: Callable[[str | None], None],
     idle: Callable[[float], None],
+    on_recorded: Callable[[LedgerEntry], None] | None = None,
 ) -> None:
     """Produce one replayed copy asynchronously and, once the broker acknowledged it, record it in
-    the ledger. ``on_done`` runs exactly once: None when both are acknowledged, else why not."""
+    the ledger. ``on_done`` runs exactly once: None when both are acknowledged, else why not;
+    ``on_recorded`` (optional) gets the ledger entry first, when both are acknowledged."""
     where = f"{rec.topic}[{rec.partition}]@{rec.offset}"
+    written: list[LedgerEntry] = []
 
     def ledger_done(err: KafkaError | None, offset: int | None) -> None:
+        if err is None and on_recorded is not None and written:
+            on_recorded(written[0])
         on_done(
             None if err is None else f"{where}: replayed but the ledger write failed: {err.str()}"
         )
@@ -330,6 +424,7 @@ def send_replay_copy(
             forced=forced,
             by=by,
         )
+        written.append(entry)
         ledger.record_async(rec.coord, entry, ledger_done)
 
     kwargs = replay_copy_kwargs(rec, target, partition_count, replay_id)
