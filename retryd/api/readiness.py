@@ -39,6 +39,8 @@ class ReadinessReport:
     details: list[str] = field(default_factory=list)  # one sentence per problem
     broker: dict[str, Any] = field(default_factory=dict)
     workers: list[dict[str, Any]] = field(default_factory=list)
+    # The two JSON bodies, rendered once per probe: every request sharing a probe sends bytes.
+    rendered: dict[bool, bytes] = field(default_factory=dict)
 
     @property
     def status(self) -> str:
@@ -59,6 +61,12 @@ class ReadinessReport:
             "broker": self.broker,
             "workers": self.workers,
         }
+
+    def body(self, detailed: bool, render: Callable[[dict[str, Any]], bytes]) -> bytes:
+        """The JSON body of one view, rendered by ``render`` the first time it is asked."""
+        if detailed not in self.rendered:
+            self.rendered[detailed] = render(self.detailed() if detailed else self.public())
+        return self.rendered[detailed]
 
 
 def probe(settings: Settings, admin: Callable[[], AdminClient]) -> ReadinessReport:

@@ -7,8 +7,11 @@ amount of slow broker-bound work (which runs on the bounded thread groups of
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from retryd.api.credentials import bearer_token
@@ -40,16 +43,21 @@ async def healthz() -> Health:
     "also the details: reason sentences, the broker's answer and the worker heartbeats.",
     responses={503: {"model": Readiness, "description": "not ready; `reasons` says why"}},
 )
-async def readyz(request: Request) -> JSONResponse:
+async def readyz(request: Request) -> Response:
     probe: ReadinessProbe = request.app.state.readiness
     report = await probe.report()
     header = request.headers.get("authorization")
     given = bearer_token(header.encode("latin-1")) if header else None
     credentials = request.app.state.credentials
     detailed = given is not None and credentials.identify(given) is not None
-    body = report.detailed() if detailed else report.public()
-    checked = Readiness.model_validate(body).model_dump(exclude_none=True)
-    return JSONResponse(checked, status_code=200 if report.status == "ready" else 503)
+    body = report.body(detailed, _render_readiness)
+    status = 200 if report.status == "ready" else 503
+    return Response(body, status_code=status, media_type="application/json")
+
+
+def _render_readiness(body: dict[str, Any]) -> bytes:
+    checked = Readiness.model_validate(body).model_dump(mode="json", exclude_none=True)
+    return json.dumps(checked, separators=(",", ":")).encode()
 
 
 @router.get(
