@@ -16,6 +16,9 @@ from retryd.api.auth import actor_of, bearer_scheme
 from retryd.api.limits import offload
 from retryd.api.schemas import (
     BASE64_PATTERN,
+    MAX_CURSOR_QUERY_CHARS,
+    MAX_KEY_BASE64_CHARS,
+    MAX_KEY_CHARS,
     MAX_MS,
     MAX_OFFSET,
     MAX_PARTITION,
@@ -96,7 +99,15 @@ def to_filter(f: FilterIn) -> RecordFilter:
     "/failed",
     response_model=FailedPage,
     summary="Browse failed_topic with filters and cursor pagination",
-    responses={400: _err("the cursor is not valid for this topic")},
+    responses={
+        400: {
+            **_err(
+                "the cursor is not valid for this topic (JSON); or, as text/plain from the HTTP "
+                "server itself, a request line longer than 64 KiB"
+            ),
+            "content": {"text/plain": {"schema": {"type": "string"}}},
+        }
+    },
 )
 async def list_failed(
     request: Request,
@@ -109,10 +120,16 @@ async def list_failed(
     until_ms: Annotated[
         int | None, Query(ge=0, le=MAX_MS, description="epoch ms, exclusive")
     ] = None,
-    key: Annotated[str | None, Query(max_length=65536, description="exact key (UTF-8)")] = None,
-    key_base64: Annotated[str | None, Query(max_length=87384, pattern=BASE64_PATTERN)] = None,
+    key: Annotated[
+        str | None, Query(max_length=MAX_KEY_CHARS, description="exact key (UTF-8)")
+    ] = None,
+    key_base64: Annotated[
+        str | None, Query(max_length=MAX_KEY_BASE64_CHARS, pattern=BASE64_PATTERN)
+    ] = None,
     partition: Annotated[int | None, Query(ge=0, le=MAX_PARTITION)] = None,
-    cursor: Annotated[str | None, Query(max_length=65536, description="next_cursor")] = None,
+    cursor: Annotated[
+        str | None, Query(max_length=MAX_CURSOR_QUERY_CHARS, description="next_cursor")
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     preview_bytes: Annotated[int, Query(ge=0, le=65536)] = 1024,
 ) -> FailedPage:
