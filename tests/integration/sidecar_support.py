@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -112,7 +113,7 @@ class SidecarProcess:
         self.deployment = deployment
         self.port = port or free_port()
         self.log_path = log_path
-        self.verify: Any = str(verify) if verify is not None else True
+        self.verify: Any = ssl.create_default_context(cafile=str(verify)) if verify else True
         self.scheme = "https" if verify is not None else "http"
         self.proc: subprocess.Popen[bytes] | None = None
 
