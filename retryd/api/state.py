@@ -53,7 +53,8 @@ class Sidecar:
         # Every replay producer reports each message within this; shutdown waits for it.
         self.delivery_timeout_s = self.timeout_s * 3
         self.pool = ScannerPool(
-            self.common, settings.failed_topic, "browse", size=settings.sidecar_max_inflight
+            # one scanner for every browse and replay request that can run at once: none waits
+            self.common, settings.failed_topic, "browse", size=2 * settings.sidecar_max_inflight
         )
         self.ledger = ReplayLedger(
             self.common,
