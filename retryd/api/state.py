@@ -54,7 +54,10 @@ class Sidecar:
         self.delivery_timeout_s = self.timeout_s * 3
         self.pool = ScannerPool(
             # one scanner for every browse and replay request that can run at once: none waits
-            self.common, settings.failed_topic, "browse", size=2 * settings.sidecar_max_inflight
+            self.common,
+            settings.failed_topic,
+            "browse",
+            size=2 * settings.sidecar_max_inflight,
         )
         self.ledger = ReplayLedger(
             self.common,

@@ -17,14 +17,19 @@ import logging
 import threading
 import time
 import uuid
-from collections import Counter, deque
-from dataclasses import dataclass, field
+from collections import deque
 from typing import Any
 
 from confluent_kafka import KafkaException, Producer
 
 from retryd.kafka.clients import new_producer
 from retryd.replay import audit
+from retryd.replay.copies import (
+    effective_delivery_timeout_s,
+    replay_producer_config,
+    send_replay_copy,
+    who,
+)
 from retryd.replay.errors import (
     BrokerUnavailable,
     InvalidTarget,
@@ -33,58 +38,21 @@ from retryd.replay.errors import (
     TargetRefused,
     TargetReserved,
 )
+from retryd.replay.job_progress import JobProgress, JobSpec, rate_per_second, render_snapshot
 from retryd.replay.ledger import LedgerEntry, LedgerError, ReplayLedger
 from retryd.replay.ratelimit import SharedRateLimit, TokenBucket
-from retryd.replay.records import FailedRecord, RecordFilter
-from retryd.replay.replayer import (
-    TargetPolicy,
-    effective_delivery_timeout_s,
-    replay_producer_config,
-    send_replay_copy,
-    who,
-)
+from retryd.replay.records import FailedRecord
 from retryd.replay.scan import TopicScanner, to_record
+from retryd.replay.targets import TargetPolicy
+
+# Re-exported for existing importers.
+__all__ = ["LEDGER_REFRESH_S", "JobProgress", "JobSpec", "ReplayJob", "TokenBucket"]
 
 log = logging.getLogger(__name__)
 
 LEDGER_REFRESH_S = 1.0
 MAX_ERRORS_KEPT = 20
-RATE_WINDOW_S = 5.0
 COUNT_TIMEOUT_S = 3600.0
-
-
-@dataclass(frozen=True)
-class JobSpec:
-    filter: RecordFilter = field(default_factory=RecordFilter)
-    target: str | None = None
-    max_per_second: float = 100.0
-    max_messages: int | None = None
-    dry_run: bool = False
-    force: bool = False
-    actor: str = "cli"  # who asked: the API token's id, or "cli"
-
-
-@dataclass
-class JobProgress:
-    state: str = "pending"  # pending|counting|running|completed|cancelled|failed
-    scanned: int = 0
-    matched: int = 0
-    to_replay: int = 0
-    replayed: int = 0
-    skipped: int = 0
-    failed: int = 0
-    skipped_reasons: Counter[str] = field(default_factory=Counter)
-    by_target: Counter[str] = field(default_factory=Counter)
-    by_dead_reason: Counter[str] = field(default_factory=Counter)
-    by_error_class: Counter[str] = field(default_factory=Counter)
-    errors: list[str] = field(default_factory=list)
-    stop_reason: str | None = None
-    created_at: float = field(default_factory=time.time)
-    started_at: float | None = None
-    finished_at: float | None = None
-    end_offsets: dict[int, int] = field(default_factory=dict)
-    position: dict[int, int] = field(default_factory=dict)
-    last_replayed: str | None = None
 
 
 class ReplayJob:
@@ -429,57 +397,10 @@ class ReplayJob:
             replayed = self.progress.replayed
             finished = self._finished_mono
             began = self._replay_began
-        if began is None or replayed == 0:
-            return 0.0
-        if finished is not None:
-            elapsed = finished - began
-            return replayed / elapsed if elapsed > 0 else 0.0
-        now = time.monotonic()
-        window = [s for s in samples if now - s[0] <= RATE_WINDOW_S]
-        t0, n0 = window[0] if window else (began, 0)
-        if now - t0 < 1.0:
-            t0, n0 = began, 0
-        elapsed = now - t0
-        return (replayed - n0) / elapsed if elapsed > 0 else 0.0
+        return rate_per_second(samples, replayed, began, finished, time.monotonic())
 
     def snapshot(self) -> dict[str, Any]:
         """Progress as plain data (the API's and the CLI's view)."""
         rate = self.rate()
         with self._lock:
-            p = self.progress
-            remaining = max(0, p.to_replay - p.replayed - p.failed)
-            running = p.state in ("pending", "counting", "running")
-            eta = remaining / rate if running and rate > 0 and remaining else None
-            if running and remaining == 0 and p.state == "running":
-                eta = 0.0
-            return {
-                "id": self.id,
-                "state": p.state,
-                "dry_run": self.spec.dry_run,
-                "filter": self.spec.filter.describe(),
-                "target": self.spec.target,
-                "max_per_second": self.spec.max_per_second,
-                "max_messages": self.spec.max_messages,
-                "force": self.spec.force,
-                "requested_by": self.spec.actor,
-                "scanned": p.scanned,
-                "matched": p.matched,
-                "to_replay": p.to_replay,
-                "replayed": p.replayed,
-                "skipped": p.skipped,
-                "failed": p.failed,
-                "skipped_reasons": dict(p.skipped_reasons),
-                "by_target": dict(p.by_target),
-                "by_dead_reason": dict(p.by_dead_reason),
-                "by_error_class": dict(p.by_error_class),
-                "rate_per_second": round(rate, 2),
-                "eta_seconds": round(eta, 2) if eta is not None else None,
-                "created_at": p.created_at,
-                "started_at": p.started_at,
-                "finished_at": p.finished_at,
-                "stop_reason": p.stop_reason,
-                "position": {str(k): v for k, v in sorted(p.position.items())},
-                "end_offsets": {str(k): v for k, v in sorted(p.end_offsets.items())},
-                "last_replayed": p.last_replayed,
-                "errors": list(p.errors),
-            }
+            return render_snapshot(self.id, self.spec, self.progress, rate)

@@ -89,11 +89,11 @@ def test_ledger_read_cut_short_is_never_taken_as_complete(topics: Topics) -> Non
                 ledger.close()
             assert len(ledger) == ENTRIES, f"deadline {deadline}: {len(ledger)} entries read"
             assert ledger.is_replayed(coord), f"deadline {deadline}: entry not seen"
-        if cut_short:
+        if any(n < ENTRIES for _, n in cut_short):
             break
     print(f"reads cut short by their deadline (deadline s, entries read): {cut_short}")
-    assert cut_short, "no deadline fell in the middle of the read: the test proved nothing"
-    assert all(0 < n < ENTRIES for _, n in cut_short), cut_short
+    # (A read may also stop after the last entry but before it saw the end: still not done.)
+    assert any(n < ENTRIES for _, n in cut_short), "no deadline fell in the middle of the read"
 
 
 def test_replay_on_a_cut_short_ledger_read_refuses(topics: Topics) -> None:
