@@ -36,9 +36,10 @@ answer). A cut-short read is never taken for the whole ledger: a record whose en
 would look "not replayed" and be replayed twice. What a cut-short read did get is kept, so the
 next ``refresh`` continues from there (a large ledger is read to its end over a few calls).
 
-Size: one compacted record (about 200 bytes: key plus JSON value) per distinct failed record that
-was ever replayed, and about as much memory per entry in every process holding a view. Nothing
-expires on its own; a tombstone (null value) for a key forgets that entry (README: the ledger).
+Size: one compacted record (about 250 bytes: key plus JSON value) per distinct failed record
+that was ever replayed, and about 470 bytes of memory per entry in every process holding a view.
+Nothing expires on its own; a tombstone (null value) for a key forgets that entry (README: the
+replay ledger).
 
 Concurrency: within one process callers serialise "refresh, decide, produce, record" per
 record (``ReplayLedger.claim``). Across processes (two sidecars, a sidecar and Spark) each
