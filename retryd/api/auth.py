@@ -1,81 +1,91 @@
-"""Bearer-token protection of ``/v1``: checked before routing, so every /v1 request without
-a valid token gets 401 whatever else is wrong with it, and nothing is disabled silently."""
+"""Bearer-token protection of ``/v1`` with scopes, checked before routing: every /v1 request
+without a valid token gets 401 and every one whose token lacks the scope 403, whatever else is
+wrong with it, and nothing is disabled silently. Rejections are counted by reason
+(``retryd_http_auth_failures_total``). The accepted token is left in the ASGI scope
+(``SCOPE_KEY``) for the audit trail."""
 
 from __future__ import annotations
 
-import hmac
-import json
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
-
+from fastapi import Request
 from fastapi.security import HTTPBearer
 
-Scope = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
-Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+from retryd.api.asgi import ASGIApp, Receive, Scope, Send, header, reply
+from retryd.api.credentials import READ, REPLAY, ApiToken, Credentials
+from retryd.metrics.http import count_auth_failure
 
 PROTECTED_PREFIX = "/v1"
+SCOPE_KEY = "retryd.token"
 # Documents the scheme in OpenAPI; enforcement is the middleware below.
-bearer_scheme = HTTPBearer(auto_error=False, description="Authorization: Bearer <api_token>")
+bearer_scheme = HTTPBearer(
+    auto_error=False,
+    description="Authorization: Bearer <token>; read scope for GET, replay scope for the rest",
+)
+_READ_METHODS = frozenset({"GET", "HEAD"})
 
 
-def token_matches(header: bytes | None, token: bytes) -> bool:
-    """Constant-time comparison of ``Authorization: Bearer <token>``."""
-    if not header:
-        return False
-    scheme, _, given = header.partition(b" ")
-    if scheme.lower() != b"bearer":
-        return False
-    return hmac.compare_digest(given.strip(), token)
+def required_scope(method: str) -> str:
+    """Reading needs ``read``; anything that may change something needs ``replay``."""
+    return READ if method.upper() in _READ_METHODS else REPLAY
 
 
-def _authorization(scope: Scope) -> bytes | None:
-    for name, value in scope.get("headers") or ():
-        if name.lower() == b"authorization":
-            return bytes(value)
-    return None
+def protected(path: str) -> bool:
+    return path == PROTECTED_PREFIX or path.startswith(PROTECTED_PREFIX + "/")
+
+
+def token_of(request: Request) -> ApiToken | None:
+    """The token that authenticated this request (set by the middleware)."""
+    token = request.scope.get(SCOPE_KEY)
+    return token if isinstance(token, ApiToken) else None
+
+
+def actor_of(request: Request) -> str:
+    token = token_of(request)
+    return token.id if token is not None else "anonymous"
 
 
 class BearerAuthMiddleware:
     """Pure ASGI middleware (no body buffering)."""
 
-    def __init__(self, app: ASGIApp, token: str | None) -> None:
+    def __init__(self, app: ASGIApp, credentials: Credentials) -> None:
         self.app = app
-        self.token = token.encode("utf-8") if token else None
+        self.credentials = credentials
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path = str(scope.get("path", ""))
-        if scope.get("type") != "http" or not (
-            path == PROTECTED_PREFIX or path.startswith(PROTECTED_PREFIX + "/")
-        ):
+        if scope.get("type") != "http" or not protected(str(scope.get("path", ""))):
             await self.app(scope, receive, send)
             return
-        if self.token is None:
-            await _reply(
+        if not self.credentials.enabled:
+            await reply(
                 send,
                 503,
                 "disabled",
-                "disabled: no api_token configured (set RETRYD_API_TOKEN to enable /v1)",
+                "disabled: no api_token configured (set RETRYD_API_TOKEN(S) to enable /v1)",
             )
             return
-        header = _authorization(scope)
-        if header is None:
-            await _reply(send, 401, "unauthorized", "missing Authorization: Bearer <token>")
+        token, reason = self.credentials.authenticate(header(scope, b"authorization"))
+        if token is None:
+            count_auth_failure(reason)
+            detail = (
+                "missing Authorization: Bearer <token>"
+                if reason == "missing_token"
+                else "invalid bearer token"
+            )
+            await reply(send, 401, "unauthorized", detail, {"WWW-Authenticate": _CHALLENGE})
             return
-        if not token_matches(header, self.token):
-            await _reply(send, 401, "unauthorized", "invalid bearer token")
+        method = str(scope.get("method", "GET"))
+        needed = required_scope(method)
+        if not token.allows(needed):
+            count_auth_failure("insufficient_scope")
+            await reply(
+                send,
+                403,
+                "forbidden",
+                f"token {token.id} has scope {token.scope}; {method} needs scope {needed}",
+                {"WWW-Authenticate": f'{_CHALLENGE}, error="insufficient_scope"'},
+            )
             return
+        scope[SCOPE_KEY] = token
         await self.app(scope, receive, send)
 
 
-async def _reply(send: Send, status: int, error: str, detail: str) -> None:
-    body = json.dumps({"error": error, "detail": detail, "problems": []}).encode()
-    headers = [
-        (b"content-type", b"application/json"),
-        (b"content-length", str(len(body)).encode()),
-    ]
-    if status == 401:
-        headers.append((b"www-authenticate", b'Bearer realm="retryd"'))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+_CHALLENGE = 'Bearer realm="retryd"'

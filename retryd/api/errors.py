@@ -11,31 +11,45 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
+from retryd.api.limits import RETRY_AFTER_S
 from retryd.api.schemas import ErrorBody
 from retryd.replay.errors import (
     AlreadyReplayed,
     BrokerUnavailable,
     InvalidRequest,
     InvalidTarget,
+    LedgerMisconfigured,
+    RateLimited,
     RecordNotFound,
     ReplayError,
     ReplayFailed,
+    ScanIncomplete,
+    ShuttingDown,
     TargetRefused,
+    TargetReserved,
 )
 from retryd.replay.manager import TooManyJobs
 
 log = logging.getLogger(__name__)
 
+# First match wins: subclasses before their bases.
 STATUS: list[tuple[type[ReplayError], int, str]] = [
     (RecordNotFound, 404, "not_found"),
     (AlreadyReplayed, 409, "already_replayed"),
     (InvalidTarget, 422, "invalid_target"),
+    (TargetReserved, 403, "target_reserved"),
     (TargetRefused, 403, "target_refused"),
     (InvalidRequest, 400, "bad_request"),
     (TooManyJobs, 429, "too_many_jobs"),
+    (RateLimited, 429, "rate_limited"),
+    (ScanIncomplete, 503, "incomplete_read"),
     (BrokerUnavailable, 503, "broker_unavailable"),
+    (ShuttingDown, 503, "shutting_down"),
+    (LedgerMisconfigured, 503, "ledger_misconfigured"),
     (ReplayFailed, 502, "replay_failed"),
 ]
+# Worth retrying as is, after a moment (a misconfigured ledger is not).
+RETRYABLE = (TooManyJobs, RateLimited, BrokerUnavailable, ShuttingDown)
 
 
 def error_json(
@@ -94,7 +108,9 @@ def install(app: FastAPI) -> None:
         if exc.status_code == 405:
             # Starlette names only the first route's methods; list every route on this path.
             headers["Allow"] = ", ".join(allowed_methods(request))
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "error")
+        code = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}.get(
+            exc.status_code, "error"
+        )
         return error_json(exc.status_code, code, str(exc.detail), headers=headers)
 
     @app.exception_handler(ReplayError)
@@ -103,7 +119,8 @@ def install(app: FastAPI) -> None:
             if isinstance(exc, cls):
                 if status >= 500:
                     log.warning("%s %s: %s", request.method, request.url.path, exc)
-                return error_json(status, code, str(exc))
+                retry = {"Retry-After": str(RETRY_AFTER_S)} if isinstance(exc, RETRYABLE) else None
+                return error_json(status, code, str(exc), headers=retry)
         return error_json(400, "replay_error", str(exc))
 
     @app.exception_handler(Exception)

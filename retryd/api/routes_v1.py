@@ -1,14 +1,24 @@
-"""``/v1``: browse failed_topic, replay one record, bulk replay jobs (bearer token required)."""
+"""``/v1``: browse failed_topic, replay one record, bulk replay jobs (bearer token required).
+
+Every handler is ``async`` and runs its blocking Kafka work through ``offload``: on a thread of
+its route group's bulkhead (``retryd.api.limits``), never on the shared default pool.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Path, Query, Request, Security
 
-from retryd.api.auth import bearer_scheme
+from retryd.api.auth import actor_of, bearer_scheme
+from retryd.api.limits import offload
 from retryd.api.schemas import (
     BASE64_PATTERN,
+    MAX_CURSOR_QUERY_CHARS,
+    MAX_KEY_BASE64_CHARS,
+    MAX_KEY_CHARS,
     MAX_MS,
     MAX_OFFSET,
     MAX_PARTITION,
@@ -25,6 +35,7 @@ from retryd.api.schemas import (
     ReplayOneOut,
 )
 from retryd.api.state import Sidecar
+from retryd.replay import audit
 from retryd.replay.browse import browse, read_record
 from retryd.replay.errors import RecordNotFound
 from retryd.replay.jobs import JobSpec
@@ -38,9 +49,15 @@ def _err(description: str) -> dict[str, Any]:
 
 COMMON: dict[int | str, dict[str, Any]] = {
     401: _err("missing or invalid bearer token"),
+    413: _err("the request body is larger than sidecar_max_body_bytes"),
     422: _err("invalid request: `problems` lists each invalid field"),
-    503: _err("/v1 disabled (no api_token configured), or Kafka did not answer"),
+    503: _err(
+        "/v1 disabled (no api_token configured), Kafka did not answer, the replay ledger "
+        "could not be read to its end, too many requests of this kind at once (Retry-After), "
+        "or the sidecar is shutting down"
+    ),
 }
+FORBIDDEN = _err("the token lacks the replay scope, or the target topic is refused")
 
 router = APIRouter(
     prefix="/v1",
@@ -82,9 +99,17 @@ def to_filter(f: FilterIn) -> RecordFilter:
     "/failed",
     response_model=FailedPage,
     summary="Browse failed_topic with filters and cursor pagination",
-    responses={400: _err("the cursor is not valid for this topic")},
+    responses={
+        400: {
+            **_err(
+                "the cursor is not valid for this topic (JSON); or, as text/plain from the HTTP "
+                "server itself, a request line longer than 64 KiB"
+            ),
+            "content": {"text/plain": {"schema": {"type": "string"}}},
+        }
+    },
 )
-def list_failed(
+async def list_failed(
     request: Request,
     original_topic: Annotated[str | None, Query(max_length=249)] = None,
     error_class: Annotated[str | None, Query(max_length=1024)] = None,
@@ -95,10 +120,16 @@ def list_failed(
     until_ms: Annotated[
         int | None, Query(ge=0, le=MAX_MS, description="epoch ms, exclusive")
     ] = None,
-    key: Annotated[str | None, Query(max_length=65536, description="exact key (UTF-8)")] = None,
-    key_base64: Annotated[str | None, Query(max_length=87384, pattern=BASE64_PATTERN)] = None,
+    key: Annotated[
+        str | None, Query(max_length=MAX_KEY_CHARS, description="exact key (UTF-8)")
+    ] = None,
+    key_base64: Annotated[
+        str | None, Query(max_length=MAX_KEY_BASE64_CHARS, pattern=BASE64_PATTERN)
+    ] = None,
     partition: Annotated[int | None, Query(ge=0, le=MAX_PARTITION)] = None,
-    cursor: Annotated[str | None, Query(max_length=65536, description="next_cursor")] = None,
+    cursor: Annotated[
+        str | None, Query(max_length=MAX_CURSOR_QUERY_CHARS, description="next_cursor")
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     preview_bytes: Annotated[int, Query(ge=0, le=65536)] = 1024,
 ) -> FailedPage:
@@ -115,22 +146,26 @@ def list_failed(
             partition=partition,
         )
     )
-    page = browse(
-        sc.pool,
-        flt,
-        cursor=cursor,
-        limit=limit,
-        preview_bytes=preview_bytes,
-        timeout_s=sc.timeout_s,
-    )
-    ledger = sc.ready_ledger()
-    items = [
-        FailedRecordOut(**item, replayed=_ledger_out(ledger.get(item["coordinate"])))
-        for item in page.items
-    ]
-    return FailedPage(
-        items=items, next_cursor=page.next_cursor, has_more=page.has_more, scanned=page.scanned
-    )
+
+    def work() -> FailedPage:
+        page = browse(
+            sc.pool,
+            flt,
+            cursor=cursor,
+            limit=limit,
+            preview_bytes=preview_bytes,
+            timeout_s=sc.timeout_s,
+        )
+        ledger = sc.ready_ledger()
+        items = [
+            FailedRecordOut(**item, replayed=_ledger_out(ledger.get(item["coordinate"])))
+            for item in page.items
+        ]
+        return FailedPage(
+            items=items, next_cursor=page.next_cursor, has_more=page.has_more, scanned=page.scanned
+        )
+
+    return await offload(request, work)
 
 
 @router.get(
@@ -139,18 +174,22 @@ def list_failed(
     summary="One failed record, headers decoded",
     responses={404: _err("no record at that partition/offset")},
 )
-def get_failed(
+async def get_failed(
     request: Request,
     partition: PartitionPath,
     offset: OffsetPath,
     preview_bytes: Annotated[int, Query(ge=0, le=PREVIEW_MAX)] = 65536,
 ) -> FailedRecordOut:
     sc = _sidecar(request)
-    rec = read_record(sc.pool, partition, offset, sc.timeout_s)
-    ledger = sc.ready_ledger()
-    return FailedRecordOut(
-        **render_record(rec, preview_bytes), replayed=_ledger_out(ledger.get(rec.coord))
-    )
+
+    def work() -> FailedRecordOut:
+        rec = read_record(sc.pool, partition, offset, sc.timeout_s)
+        ledger = sc.ready_ledger()
+        return FailedRecordOut(
+            **render_record(rec, preview_bytes), replayed=_ledger_out(ledger.get(rec.coord))
+        )
+
+    return await offload(request, work)
 
 
 @router.post(
@@ -158,13 +197,14 @@ def get_failed(
     response_model=ReplayOneOut,
     summary="Replay one failed record (fresh retry sequence)",
     responses={
-        403: _err("target topic not in the replay allow-list"),
+        403: FORBIDDEN,
         404: _err("no record at that partition/offset"),
         409: _err("already replayed (see the ledger entry); pass force=true to replay again"),
+        429: _err("the sidecar's replay rate ceiling (replay_max_per_second) is reached"),
         502: _err("producing the copy or its ledger record failed"),
     },
 )
-def replay_one(
+async def replay_one(
     request: Request,
     partition: PartitionPath,
     offset: OffsetPath,
@@ -173,9 +213,14 @@ def replay_one(
 ) -> ReplayOneOut:
     sc = _sidecar(request)
     want = body or ReplayOneIn()
-    rec = read_record(sc.pool, partition, offset, sc.timeout_s)
-    sc.ready_ledger(refresh=False)  # replay() re-reads it right before deciding
-    out = sc.replayer.replay(rec, target=want.target, force=want.force or force)
+    actor = actor_of(request)
+
+    def work() -> Any:
+        rec = read_record(sc.pool, partition, offset, sc.timeout_s)
+        sc.ready_ledger(refresh=False)  # replay() re-reads it right before deciding
+        return sc.replayer.replay(rec, target=want.target, force=want.force or force, actor=actor)
+
+    out = await offload(request, work)
     return ReplayOneOut(
         replay_id=out.replay_id,
         coordinate=out.coordinate,
@@ -194,32 +239,49 @@ def replay_one(
     status_code=202,
     summary="Start a bulk replay job (or a dry run)",
     responses={
-        403: _err("target topic not in the replay allow-list"),
+        403: FORBIDDEN,
         429: _err("too many jobs running in this sidecar"),
     },
 )
-def create_job(request: Request, body: ReplayJobIn) -> ReplayJobOut:
+async def create_job(request: Request, body: ReplayJobIn) -> ReplayJobOut:
     sc = _sidecar(request)
     flt = to_filter(body.filter)
-    if body.target is not None:
-        sc.policy.require_allowed(body.target)
-        sc.policy.require_existing(body.target)
-    sc.ready_ledger(refresh=False)  # the job reads it to the end when it starts
-    job = sc.jobs.create(
-        JobSpec(
-            filter=flt,
+    actor = actor_of(request)
+
+    def work() -> ReplayJobOut:
+        if body.target is not None:
+            sc.policy.require_allowed(body.target)
+            sc.policy.require_existing(body.target)
+        sc.ready_ledger(refresh=False)  # the job reads it to the end when it starts
+        job = sc.jobs.create(
+            JobSpec(
+                filter=flt,
+                target=body.target,
+                max_per_second=body.max_per_second,
+                max_messages=body.max_messages,
+                dry_run=body.dry_run,
+                force=body.force,
+                actor=actor,
+            )
+        )
+        audit.job_event(
+            "created",
+            actor=actor,
+            job=job.id,
             target=body.target,
+            filter=",".join(f"{k}:{v}" for k, v in flt.describe().items()) or None,
             max_per_second=body.max_per_second,
             max_messages=body.max_messages,
             dry_run=body.dry_run,
             force=body.force,
         )
-    )
-    return ReplayJobOut(**job.snapshot())
+        return ReplayJobOut(**job.snapshot())
+
+    return await offload(request, work)
 
 
 @router.get("/replays", response_model=ReplayJobList, summary="Jobs of this sidecar process")
-def list_jobs(request: Request) -> ReplayJobList:
+async def list_jobs(request: Request) -> ReplayJobList:
     return ReplayJobList(jobs=[ReplayJobOut(**j.snapshot()) for j in _sidecar(request).jobs.list()])
 
 
@@ -232,7 +294,7 @@ JobIdPath = Annotated[str, Path(max_length=64, description="job id from POST /v1
     summary="Progress of a replay job",
     responses={404: _err("no such job in this sidecar process")},
 )
-def get_job(request: Request, job_id: JobIdPath) -> ReplayJobOut:
+async def get_job(request: Request, job_id: JobIdPath) -> ReplayJobOut:
     job = _sidecar(request).jobs.get(job_id)
     if job is None:
         raise RecordNotFound(f"no replay job {job_id} in this sidecar process")
@@ -243,13 +305,18 @@ def get_job(request: Request, job_id: JobIdPath) -> ReplayJobOut:
     "/replays/{job_id}",
     response_model=ReplayJobOut,
     summary="Cancel a replay job; returns its progress once it stopped",
-    responses={404: _err("no such job in this sidecar process")},
+    responses={403: FORBIDDEN, 404: _err("no such job in this sidecar process")},
 )
-def cancel_job(request: Request, job_id: JobIdPath) -> ReplayJobOut:
+async def cancel_job(request: Request, job_id: JobIdPath) -> ReplayJobOut:
     sc = _sidecar(request)
     job = sc.jobs.get(job_id)
     if job is None:
         raise RecordNotFound(f"no replay job {job_id} in this sidecar process")
+    if not job.finished:
+        audit.job_event("cancelled", actor=actor_of(request), job=job.id)
     job.cancel()
-    job.wait(sc.timeout_s * 2)
+    # Wait on the event loop (no thread) for the job to stop; its progress says where.
+    deadline = time.monotonic() + sc.timeout_s * 2
+    while not job.finished and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
     return ReplayJobOut(**job.snapshot())

@@ -12,6 +12,11 @@ MAX_OFFSET = 2**63 - 1
 MAX_PARTITION = 2**31 - 1
 MAX_MS = 2**53
 BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+# Query strings travel in the request line, which the HTTP server caps at 64 KiB: the limits
+# below keep a request with every filter at its maximum under it (bodies use the same ones).
+MAX_KEY_CHARS = 16_384
+MAX_KEY_BASE64_CHARS = 21_848  # base64 of 16 KiB
+MAX_CURSOR_QUERY_CHARS = 16_384  # ~600 partitions; encode_cursor stays far below for most
 
 
 class ErrorBody(BaseModel):
@@ -37,11 +42,26 @@ class WorkerState(BaseModel):
     paused_partitions: int
 
 
+ReadinessReason = Literal["broker_unreachable", "no_live_worker", "worker_heartbeat_stale"]
+
+
 class Readiness(BaseModel):
+    """Without a valid API token only ``status`` and ``reasons`` (codes) are given: nothing
+    about where the cluster or the workers are."""
+
     status: Literal["ready", "not_ready"]
-    reasons: list[str] = Field(description="why the sidecar is not ready; empty when ready")
-    broker: dict[str, Any]
-    workers: list[WorkerState]
+    reasons: list[ReadinessReason] = Field(
+        description="why the sidecar is not ready, as codes; empty when ready"
+    )
+    details: list[str] | None = Field(
+        default=None, description="one sentence per reason (valid API token only)"
+    )
+    broker: dict[str, Any] | None = Field(
+        default=None, description="the broker's answer (valid API token only)"
+    )
+    workers: list[WorkerState] | None = Field(
+        default=None, description="worker heartbeats on this host (valid API token only)"
+    )
 
 
 class Preview(BaseModel):
@@ -99,9 +119,14 @@ class FilterIn(BaseModel):
     dead_reason: DeadReason | None = None
     since_ms: int | None = Field(default=None, ge=0, le=MAX_MS, description="epoch ms, inclusive")
     until_ms: int | None = Field(default=None, ge=0, le=MAX_MS, description="epoch ms, exclusive")
-    key: str | None = Field(default=None, max_length=65536, description="exact key, as UTF-8")
+    key: str | None = Field(
+        default=None, max_length=MAX_KEY_CHARS, description="exact key, as UTF-8"
+    )
     key_base64: str | None = Field(
-        default=None, max_length=87384, pattern=BASE64_PATTERN, description="exact key, base64"
+        default=None,
+        max_length=MAX_KEY_BASE64_CHARS,
+        pattern=BASE64_PATTERN,
+        description="exact key, base64",
     )
     partition: int | None = Field(default=None, ge=0, le=MAX_PARTITION)
 
@@ -154,6 +179,7 @@ class ReplayJobOut(BaseModel):
     max_per_second: float
     max_messages: int | None
     force: bool
+    requested_by: str = Field(description="id of the API token that started the job")
     scanned: int
     matched: int = Field(description="records matching the filter in the job's snapshot")
     to_replay: int = Field(description="matched records the job expects to replay")

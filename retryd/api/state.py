@@ -2,18 +2,21 @@
 
 Clients are created lazily so the sidecar starts (and answers /healthz, /readyz) while the
 broker is down.
+
+Shutdown order (``close``): refuse new replays and jobs, cancel the jobs, wait until every
+copy in flight has its delivery report and its ledger record is written (both producers have
+a bounded ``message.timeout.ms``, so this wait is bounded), and only then close the ledger and
+the producers. A copy is never left without its ledger entry because the sidecar stopped.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
-from typing import Any
 
-from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
+from retryd.api.readiness import ReadinessReport, probe
 from retryd.config import Settings
 from retryd.kafka.clients import admin_config, new_admin
 from retryd.metrics.exposition import LagMonitor, SidecarCollector
@@ -21,9 +24,9 @@ from retryd.replay.errors import BrokerUnavailable
 from retryd.replay.jobs import JobSpec, ReplayJob
 from retryd.replay.ledger import LedgerError, ReplayLedger
 from retryd.replay.manager import JobManager
+from retryd.replay.ratelimit import SharedRateLimit
 from retryd.replay.replayer import Replayer, TargetPolicy
 from retryd.replay.scan import ScannerPool
-from retryd.runtime.heartbeat import read_heartbeats
 from retryd.runtime.paths import metrics_dir
 
 log = logging.getLogger(__name__)
@@ -34,20 +37,47 @@ def allowed_targets(settings: Settings) -> list[str]:
     return list(settings.replay_allowlist or settings.main_topics)
 
 
+def reserved_topics(settings: Settings) -> dict[str, str]:
+    """retryd's own topics, never a replay target whatever the allow-list says."""
+    reserved = {tier: "a retry tier of this deployment" for tier in settings.plan.tier_topics}
+    reserved[settings.failed_topic] = "this deployment's failed_topic"
+    reserved[settings.ledger_topic] = "the replay ledger"
+    return reserved
+
+
 class Sidecar:
     def __init__(self, settings: Settings, *, lag_interval_s: float = 5.0) -> None:
         self.settings = settings
         self.common = dict(settings.kafka_common())
         self.timeout_s = max(settings.readiness_timeout_s, 5.0)
-        self.pool = ScannerPool(self.common, settings.failed_topic, "browse")
+        # Every replay producer reports each message within this; shutdown waits for it.
+        self.delivery_timeout_s = self.timeout_s * 3
+        self.pool = ScannerPool(
+            # one scanner for every browse and replay request that can run at once: none waits
+            self.common,
+            settings.failed_topic,
+            "browse",
+            size=2 * settings.sidecar_max_inflight,
+        )
         self.ledger = ReplayLedger(
             self.common,
             settings.ledger_topic,
             replication_factor=settings.replication_factor,
             timeout_s=self.timeout_s,
+            delivery_timeout_s=self.delivery_timeout_s,
         )
-        self.policy = TargetPolicy(self.common, allowed_targets(settings))
-        self.replayer = Replayer(self.common, self.ledger, self.policy, timeout_s=self.timeout_s)
+        self.policy = TargetPolicy(
+            self.common, allowed_targets(settings), reserved=reserved_topics(settings)
+        )
+        self.ceiling = SharedRateLimit(settings.replay_max_per_second)
+        self.replayer = Replayer(
+            self.common,
+            self.ledger,
+            self.policy,
+            timeout_s=self.timeout_s,
+            delivery_timeout_s=self.delivery_timeout_s,
+            ceiling=self.ceiling,
+        )
         self.jobs = JobManager(self._new_job)
         self.lag = LagMonitor(
             self.common,
@@ -68,21 +98,34 @@ class Sidecar:
             ledger=self.ledger,
             policy=self.policy,
             timeout_s=self.timeout_s,
+            delivery_timeout_s=self.delivery_timeout_s,
+            ceiling=self.ceiling,
         )
 
     def start(self) -> None:
         self.lag.start()
 
     def close(self) -> None:
-        self.jobs.cancel_all()
+        """Stop in the order of the module docstring."""
+        still_running = self.jobs.shutdown()
+        replays_left = self.replayer.close()
         self.lag.stop()
         self.pool.close()
-        self.replayer.close()
         self.policy.close()
+        if still_running or replays_left:
+            # Beyond every delivery bound: a bug. Leave the ledger producer to the process
+            # exit rather than close it under a writer.
+            log.error(
+                "shutdown: %d job(s) and %d replay(s) still running past their bounds; "
+                "the replay ledger is not closed under them",
+                len(still_running),
+                replays_left,
+            )
+            return
         self.ledger.close()
 
     def ready_ledger(self, refresh: bool = True) -> ReplayLedger:
-        """The ledger, its topic created if missing and (``refresh``) read to the end."""
+        """The ledger, its topic created (or checked) and (``refresh``) read to the end."""
         with self._lock:
             if not self._ledger_ready:
                 try:
@@ -105,64 +148,5 @@ class Sidecar:
                 self._admin = new_admin(admin_config(self.common, "readiness", log_level=3))
             return self._admin
 
-    def readiness(self) -> dict[str, Any]:
-        reasons: list[str] = []
-        started = time.monotonic()
-        timeout = self.settings.readiness_timeout_s
-        broker: dict[str, Any] = {"bootstrap_servers": self.settings.bootstrap_servers}
-        try:
-            md = self._admin_client().list_topics(timeout=timeout)
-            broker.update(ok=True, brokers=len(md.brokers))
-        except KafkaException as exc:
-            broker.update(ok=False, error=str(exc.args[0]) if exc.args else str(exc))
-            reasons.append(
-                f"broker {self.settings.bootstrap_servers} did not answer a metadata request "
-                f"within {timeout:g}s"
-            )
-        broker["seconds"] = round(time.monotonic() - started, 3)
-        workers = worker_states(self.settings)
-        stale = self.settings.heartbeat_stale_s
-        live = [w for w in workers if w["alive"]]
-        if not live:
-            reasons.append(
-                f"no live worker process on this host (no heartbeat newer than {stale:g}s in "
-                f"{self.settings.state_dir / 'heartbeats'})"
-            )
-        for w in workers:
-            if w["pid_running"] and not w["alive"]:
-                reasons.append(
-                    f"worker pid {w['pid']} is running but its heartbeat is "
-                    f"{w['age_seconds']:.0f}s old (stale after {stale:g}s)"
-                )
-        for w in workers:
-            w.pop("pid_running")
-        return {
-            "status": "not_ready" if reasons else "ready",
-            "reasons": reasons,
-            "broker": broker,
-            "workers": workers,
-        }
-
-
-def worker_states(settings: Settings) -> list[dict[str, Any]]:
-    from retryd.runtime.heartbeat import pid_alive
-
-    now = time.time()
-    out = []
-    for hb in read_heartbeats(settings.state_dir):
-        age = max(0.0, now - hb.ts)
-        running = pid_alive(hb.pid)
-        out.append(
-            {
-                "pid": hb.pid,
-                "role": hb.role,
-                "group_id": hb.group_id,
-                "state": hb.state,
-                "age_seconds": round(age, 3),
-                "alive": running and age <= settings.heartbeat_stale_s,
-                "pid_running": running,
-                "assigned_partitions": hb.assigned_partitions,
-                "paused_partitions": hb.paused_partitions,
-            }
-        )
-    return out
+    def readiness(self) -> ReadinessReport:
+        return probe(self.settings, self._admin_client)

@@ -1,7 +1,9 @@
 """``retryd replay``: bulk replay of failed records from the command line.
 
-Runs the same job code as ``POST /v1/replays`` (ledger, allow-list, rate limit), in this
-process, with a progress bar; ``--dry-run`` prints what would be replayed as tables.
+Runs the same job code as ``POST /v1/replays`` (ledger, allow-list and reserved topics, rate
+limit, audit lines with actor ``cli``), in this process, with a progress bar; ``--dry-run``
+prints what would be replayed as tables. Ctrl-C cancels and waits until every copy in flight
+has its ledger entry (bounded by the delivery timeout) before the ledger is closed.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from rich.table import Table
 
 from retryd.cli.app import ConfigOption, app, settings_or_exit
 from retryd.errors import RetrydError
+
+DELIVERY_TIMEOUT_S = 30.0  # a copy's (and a ledger record's) delivery report comes within this
 
 
 @app.command()
@@ -41,7 +45,7 @@ def replay(
     main_topics: str | None = typer.Option(None, help="comma list (the default allow-list)"),
 ) -> None:
     """Replay failed records matching the filters (each at most once unless --force)."""
-    from retryd.api.state import allowed_targets
+    from retryd.api.state import allowed_targets, reserved_topics
     from retryd.replay.errors import InvalidTarget
     from retryd.replay.jobs import JobSpec, ReplayJob
     from retryd.replay.ledger import ReplayLedger
@@ -60,9 +64,12 @@ def replay(
     console = Console(stderr=True)
     common = dict(settings.kafka_common())
     ledger = ReplayLedger(
-        common, settings.ledger_topic, replication_factor=settings.replication_factor
+        common,
+        settings.ledger_topic,
+        replication_factor=settings.replication_factor,
+        delivery_timeout_s=DELIVERY_TIMEOUT_S,
     )
-    policy = TargetPolicy(common, allowed_targets(settings))
+    policy = TargetPolicy(common, allowed_targets(settings), reserved=reserved_topics(settings))
     try:
         if target is not None:
             policy.require_allowed(target)
@@ -92,6 +99,7 @@ def replay(
             ledger=ledger,
             policy=policy,
             by="cli",
+            delivery_timeout_s=DELIVERY_TIMEOUT_S,
         )
         snap = _run_with_progress(job, console, quiet=as_json)
     except RetrydError as exc:
@@ -149,7 +157,7 @@ def _run_with_progress(job: Any, console: Console, *, quiet: bool) -> dict[str, 
     except KeyboardInterrupt:
         console.print("cancelling: waiting for replays in flight to be acknowledged…")
         job.cancel()
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + job.shutdown_bound_s()
         while not job.wait(0.2) and time.monotonic() < deadline:
             pass
     return dict(job.snapshot())

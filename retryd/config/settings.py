@@ -128,8 +128,18 @@ class Settings(BaseSettings):
     # Sidecar
     sidecar_host: str = "0.0.0.0"
     sidecar_port: int = Field(default=8080, ge=0, le=65535)
+    sidecar_tls_cert_file: Path | None = None
+    sidecar_tls_key_file: Path | None = None
+    sidecar_max_body_bytes: int = Field(default=65_536, ge=1024, le=64 * 1024 * 1024)
+    sidecar_max_inflight: int = Field(default=8, ge=1, le=256)
+    # API tokens (the sidecar reads and checks them at start-up: retryd.api.credentials)
     api_token: SecretStr | None = None
+    api_token_file: Path | None = None
+    api_tokens: Annotated[list[SecretStr], NoDecode] = Field(default_factory=list)
+    api_tokens_file: Path | None = None
+    # Replay
     replay_allowlist: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    replay_max_per_second: float = Field(default=500.0, gt=0, le=1_000_000)
     ledger_topic: str = "retryd_replay_ledger"
     readiness_timeout_s: float = Field(default=2.0, gt=0)
     heartbeat_stale_s: float = Field(default=15.0, gt=0)
@@ -145,9 +155,21 @@ class Settings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         return (init_settings, _EnvSource(settings_cls), _TomlSource(settings_cls))
 
-    _split = field_validator("main_topics", "non_retryable", "replay_allowlist", mode="before")(
-        _split_list
+    _split = field_validator(
+        "main_topics", "non_retryable", "replay_allowlist", "api_tokens", mode="before"
+    )(_split_list)
+
+    @field_validator(
+        "api_token_file",
+        "api_tokens_file",
+        "sidecar_tls_cert_file",
+        "sidecar_tls_key_file",
+        mode="before",
     )
+    @classmethod
+    def _blank_path(cls, value: Any) -> Any:
+        # FOO_FILE= (blank, as compose files pass unset variables) means "not set".
+        return None if isinstance(value, str) and not value.strip() else value
 
     @field_validator("kafka", mode="before")
     @classmethod
@@ -230,6 +252,11 @@ class Settings(BaseSettings):
             problems.append("session_timeout_ms must not exceed max_poll_interval_ms")
         if set(self.main_topics) & ({self.failed_topic, *self.plan_topics_or_empty()}):
             problems.append("main_topics must not include a tier topic or failed_topic")
+        if (self.sidecar_tls_cert_file is None) != (self.sidecar_tls_key_file is None):
+            problems.append(
+                "sidecar_tls_cert_file and sidecar_tls_key_file must be set together (TLS "
+                "needs both the certificate and its private key)"
+            )
         if problems:
             raise ValueError("; ".join(problems))
         return self
@@ -255,9 +282,10 @@ class Settings(BaseSettings):
 
     def safe_summary(self) -> dict[str, Any]:
         """Settings fit for a log line: secrets redacted."""
-        data = self.model_dump(exclude={"api_token", "kafka"})
+        data = self.model_dump(exclude={"api_token", "api_tokens", "kafka"})
         data["kafka"] = redact_kafka(self.kafka)
         data["api_token"] = "***" if self.api_token else None
+        data["api_tokens"] = ["***"] * len(self.api_tokens)
         return data
 
 
@@ -265,7 +293,7 @@ def _describe(error: dict[str, Any]) -> str:
     loc = ".".join(str(p) for p in error.get("loc", ())) or "settings"
     msg = str(error.get("msg", "invalid")).removeprefix("Value error, ")
     value = error.get("input")
-    if isinstance(value, dict) or loc in ("api_token", "kafka") or loc.startswith("kafka."):
+    if isinstance(value, dict) or loc.split(".")[0] in ("api_token", "api_tokens", "kafka"):
         return f"{loc}: {msg}"
     shown = repr(value)
     if len(shown) > 80:

@@ -127,6 +127,29 @@ def plan_topics(settings: Settings, admin: AdminClient, timeout_s: float = 10.0)
     return _plan(settings, tier_partition_count(settings, partition_counts(admin, timeout_s)))
 
 
+def ledger_policy_problem(name: str, policy: str | None) -> str | None:
+    """Why an existing ledger topic with this ``cleanup.policy`` cannot be used, or None.
+
+    Only ``compact`` keeps an entry for as long as its key exists: with ``delete`` (alone or
+    with compact) entries expire and the records they protect could be replayed again.
+    """
+    policies = {p.strip() for p in (policy or "").split(",") if p.strip()}
+    if policies == {"compact"}:
+        return None
+    shown = policy if policy is not None else "(not reported)"
+    return (
+        f"ledger topic {name} has cleanup.policy={shown}, expected compact: "
+        "replay records would expire and failed records could be replayed twice"
+    )
+
+
+def topic_configs(
+    admin: AdminClient, names: Iterable[str], timeout_s: float
+) -> dict[str, dict[str, str | None]]:
+    """The configuration of existing topics, by name. Raises KafkaSetupError."""
+    return _describe(admin, names, timeout_s)
+
+
 def _describe(
     admin: AdminClient, names: Iterable[str], timeout_s: float
 ) -> dict[str, dict[str, str | None]]:
@@ -194,12 +217,10 @@ def _inspect(spec: TopicSpec, partitions: int, config: dict[str, str | None]) ->
             f"{spec.kind} topic {spec.name} has cleanup.policy={policy}: compaction drops "
             "records that share a key"
         )
-    if spec.kind == "ledger" and policies != {"compact"}:
-        shown = policy if policy is not None else "(not reported)"
-        problems.append(
-            f"ledger topic {spec.name} has cleanup.policy={shown}, expected compact: "
-            "replay records would expire and failed records could be replayed twice"
-        )
+    if spec.kind == "ledger":
+        ledger_problem = ledger_policy_problem(spec.name, policy)
+        if ledger_problem is not None:
+            problems.append(ledger_problem)
     return TopicState(
         spec,
         "mis-sized" if problems else "exists",

@@ -32,30 +32,18 @@ from confluent_kafka import (
     TopicPartition,
 )
 from confluent_kafka.admin import AdminClient
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, values
+from prometheus_client import REGISTRY, CollectorRegistry, values
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from retryd.kafka.clients import admin_config, new_admin, new_consumer, reader_config
+from retryd.metrics.http import LOCAL, sanitize
+from retryd.metrics.http import observe_request as observe_request
 
 log = logging.getLogger(__name__)
 
 LAG = "retryd_consumer_lag"
-LOCAL = CollectorRegistry(auto_describe=True)
-HTTP_REQUESTS = Counter(
-    "retryd_http_requests",
-    "Sidecar HTTP requests by route template and status",
-    ["method", "route", "status"],
-    registry=LOCAL,
-)
-HTTP_DURATION = Histogram(
-    "retryd_http_request_duration_seconds",
-    "Sidecar HTTP request duration by route template",
-    ["method", "route"],
-    registry=LOCAL,
-    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
-)
 
 
 def local_is_multiprocess(path: Path) -> bool:
@@ -231,9 +219,18 @@ def _merge(families: Iterable[Metric]) -> list[Metric]:
 class SidecarCollector(Collector):
     """Workers' multiprocess files + the sidecar's own metrics + measured lag, merged."""
 
-    def __init__(self, metrics_path: Path, lag: LagMonitor | None = None) -> None:
+    def __init__(
+        self,
+        metrics_path: Path,
+        lag: LagMonitor | None = None,
+        routes: frozenset[str] | None = None,
+    ) -> None:
+        """``routes``: the app's route templates, the only ``route`` label values served
+        (series with other values, e.g. left in the metric files by an older sidecar, are
+        dropped); None serves what is there."""
         self.path = metrics_path
         self.lag = lag
+        self.routes = routes
 
     def collect(self) -> Iterable[Metric]:
         families: list[Metric] = []
@@ -243,6 +240,8 @@ class SidecarCollector(Collector):
             families.extend(LOCAL.collect())
             families.extend(f for f in REGISTRY.collect() if f.name.startswith("retryd_"))
         merged = _merge(families)
+        if self.routes is not None:
+            merged = sanitize(merged, self.routes)
         measured = self.lag.snapshot() if self.lag is not None else {}
         out: list[Metric] = []
         lag_family: Metric | None = None
@@ -274,8 +273,3 @@ def exposition(collector: SidecarCollector) -> bytes:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
     return generate_latest(registry)
-
-
-def observe_request(method: str, route: str, status: int, seconds: float) -> None:
-    HTTP_REQUESTS.labels(method=method, route=route, status=str(status)).inc()
-    HTTP_DURATION.labels(method=method, route=route).observe(seconds)

@@ -61,7 +61,9 @@ def browse(
         items: list[FailedRecord] = []
         scanned = 0
         exhausted = True
-        for msg in scanner.scan(start, timeout_s=time_budget_s, idle_timeout_s=timeout_s):
+        for msg in scanner.scan(
+            start, timeout_s=time_budget_s, idle_timeout_s=timeout_s, partial_ok=True
+        ):
             scanned += 1
             rec = to_record(msg)
             if flt.matches(rec):

@@ -37,5 +37,27 @@ class BrokerUnavailable(ReplayError):
     """Kafka did not answer in time; nothing was changed."""
 
 
+class ScanIncomplete(BrokerUnavailable):
+    """A read that had to reach the end of a topic stopped at its deadline first: whatever was
+    read is not the whole topic, so nothing may be decided from it (answer 503, retry later)."""
+
+
+class LedgerMisconfigured(ReplayError):
+    """The replay ledger topic exists but cannot keep its promise (e.g. it is not compacted)."""
+
+
+class ShuttingDown(ReplayError):
+    """The sidecar is shutting down: no new replay or job starts (503, retry elsewhere)."""
+
+
+class RateLimited(ReplayError):
+    """The sidecar's replay rate ceiling (``replay_max_per_second``) is reached (429)."""
+
+
+class TargetReserved(TargetRefused):
+    """The target is one of retryd's own topics or an internal ``__`` topic: never a target,
+    whatever ``replay_allowlist`` says."""
+
+
 class ReplayFailed(ReplayError):
     """Producing the replayed copy or its ledger record failed."""

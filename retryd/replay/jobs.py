@@ -2,9 +2,13 @@
 
 The counting pass reads ``failed_topic`` to its current end and fixes the job's *snapshot*
 (end offset per partition): records dead-lettered after the job started are not part of it, so
-a job replays exactly the set it matched. Progress (matched, replayed, skipped, failed, rate,
-ETA, position) is readable at any time; ``cancel`` stops it after the records in flight are
-acknowledged, so the counts and the position it reports are exact.
+a job replays exactly the set it matched. A counting pass that cannot reach that end within
+``count_timeout_s`` fails the job before anything is replayed (never a silent partial snapshot).
+Progress (matched, replayed, skipped, failed, rate, ETA, position) is readable at any time;
+``cancel`` stops it after the records in flight have a definite outcome: every copy acknowledged
+is also in the ledger (or counted failed), so the counts and the position it reports are exact
+and a shutdown never leaves a copy without its ledger entry. Each replayed record writes an
+audit line (``retryd.audit``) naming the job's actor.
 """
 
 from __future__ import annotations
@@ -13,58 +17,42 @@ import logging
 import threading
 import time
 import uuid
-from collections import Counter, deque
-from dataclasses import dataclass, field
+from collections import deque
 from typing import Any
 
 from confluent_kafka import KafkaException, Producer
 
 from retryd.kafka.clients import new_producer
-from retryd.replay.errors import BrokerUnavailable, InvalidTarget, ReplayError, TargetRefused
-from retryd.replay.ledger import LedgerError, ReplayLedger
-from retryd.replay.ratelimit import TokenBucket
-from retryd.replay.records import FailedRecord, RecordFilter
-from retryd.replay.replayer import TargetPolicy, replay_producer_config, send_replay_copy, who
+from retryd.replay import audit
+from retryd.replay.copies import (
+    effective_delivery_timeout_s,
+    replay_producer_config,
+    send_replay_copy,
+    who,
+)
+from retryd.replay.errors import (
+    BrokerUnavailable,
+    InvalidTarget,
+    ReplayError,
+    ScanIncomplete,
+    TargetRefused,
+    TargetReserved,
+)
+from retryd.replay.job_progress import JobProgress, JobSpec, rate_per_second, render_snapshot
+from retryd.replay.ledger import LedgerEntry, LedgerError, ReplayLedger
+from retryd.replay.ratelimit import SharedRateLimit, TokenBucket
+from retryd.replay.records import FailedRecord
 from retryd.replay.scan import TopicScanner, to_record
+from retryd.replay.targets import TargetPolicy
+
+# Re-exported for existing importers.
+__all__ = ["LEDGER_REFRESH_S", "JobProgress", "JobSpec", "ReplayJob", "TokenBucket"]
 
 log = logging.getLogger(__name__)
 
 LEDGER_REFRESH_S = 1.0
 MAX_ERRORS_KEPT = 20
-RATE_WINDOW_S = 5.0
-
-
-@dataclass(frozen=True)
-class JobSpec:
-    filter: RecordFilter = field(default_factory=RecordFilter)
-    target: str | None = None
-    max_per_second: float = 100.0
-    max_messages: int | None = None
-    dry_run: bool = False
-    force: bool = False
-
-
-@dataclass
-class JobProgress:
-    state: str = "pending"  # pending|counting|running|completed|cancelled|failed
-    scanned: int = 0
-    matched: int = 0
-    to_replay: int = 0
-    replayed: int = 0
-    skipped: int = 0
-    failed: int = 0
-    skipped_reasons: Counter[str] = field(default_factory=Counter)
-    by_target: Counter[str] = field(default_factory=Counter)
-    by_dead_reason: Counter[str] = field(default_factory=Counter)
-    by_error_class: Counter[str] = field(default_factory=Counter)
-    errors: list[str] = field(default_factory=list)
-    stop_reason: str | None = None
-    created_at: float = field(default_factory=time.time)
-    started_at: float | None = None
-    finished_at: float | None = None
-    end_offsets: dict[int, int] = field(default_factory=dict)
-    position: dict[int, int] = field(default_factory=dict)
-    last_replayed: str | None = None
+COUNT_TIMEOUT_S = 3600.0
 
 
 class ReplayJob:
@@ -81,15 +69,27 @@ class ReplayJob:
         by: str = "sidecar",
         job_id: str | None = None,
         timeout_s: float = 10.0,
+        count_timeout_s: float = COUNT_TIMEOUT_S,
+        delivery_timeout_s: float | None = None,
+        ceiling: SharedRateLimit | None = None,
     ) -> None:
+        """``count_timeout_s`` bounds the counting pass; ``delivery_timeout_s`` the wait for
+        one copy's (and one ledger record's) delivery report; ``ceiling`` is the rate shared
+        with every other replay of the process."""
         self.id = job_id or f"job-{uuid.uuid4().hex[:16]}"
         self.spec = spec
         self.common = common
         self.failed_topic = failed_topic
         self.ledger = ledger
         self.policy = policy
-        self.by = f"{by}@{who()}"
+        self.by = f"{by}:{spec.actor}@{who()}"
         self.timeout_s = timeout_s
+        self.count_timeout_s = count_timeout_s
+        self.producer_conf = replay_producer_config(common, delivery_timeout_s)
+        # A copy's report comes within message.timeout.ms, its ledger record's within as long
+        # again: waiting that long leaves no outcome unknown.
+        self.drain_timeout_s = 2 * effective_delivery_timeout_s(self.producer_conf) + timeout_s
+        self.ceiling = ceiling
         self.progress = JobProgress()
         self._lock = threading.Lock()
         self._cancel = threading.Event()
@@ -108,6 +108,11 @@ class ReplayJob:
 
     def cancel(self) -> None:
         self._cancel.set()
+
+    def shutdown_bound_s(self) -> float:
+        """How long after ``cancel`` this job can still run: a ledger read or a scan that
+        was under way, then the drain of the copies in flight."""
+        return self.timeout_s * 3 + self.drain_timeout_s
 
     def wait(self, timeout_s: float | None = None) -> bool:
         return self._done.wait(timeout_s)
@@ -137,16 +142,18 @@ class ReplayJob:
                 self._finish("cancelled", "cancelled before replaying")
                 return
             self._set(state="running")
-            producer = new_producer(replay_producer_config(self.common))
+            producer = new_producer(self.producer_conf)
             self._replay(scanner, producer, start, REPLAYED)
         except (ReplayError, LedgerError, KafkaException) as exc:
             log.error("replay job %s failed: %s", self.id, exc)
             self._note_error(str(exc))
             if producer is not None:
-                producer.flush(self.timeout_s)
+                self._drain(producer)  # copies in flight still get their ledger entries
             self._finish("failed", str(exc))
         except Exception as exc:  # a bug must not leave the job "running" forever
             log.exception("replay job %s crashed", self.id)
+            if producer is not None:
+                self._drain(producer)
             self._finish("failed", f"internal error: {exc.__class__.__name__}")
         finally:
             if scanner is not None:
@@ -156,26 +163,39 @@ class ReplayJob:
     def _count(self, scanner: TopicScanner, start: dict[int, int]) -> None:
         spec = self.spec
         limit = spec.max_messages
-        for msg in scanner.scan(start, timeout_s=3600, idle_timeout_s=self.timeout_s):
-            rec = to_record(msg)
-            with self._lock:
-                self.progress.scanned += 1
-            if not spec.filter.matches(rec):
-                continue
-            reason, target = self._decide(rec)
-            with self._lock:
-                p = self.progress
-                p.matched += 1
-                p.by_dead_reason[str(rec.envelope.get("retryd_dead_reason"))] += 1
-                p.by_error_class[str(rec.envelope.get("retryd_error_class"))] += 1
-                if reason is None and (limit is None or p.to_replay < limit):
-                    p.to_replay += 1
-                    p.by_target[target or "?"] += 1
+        records = scanner.scan(start, timeout_s=self.count_timeout_s, idle_timeout_s=self.timeout_s)
+        try:
+            for msg in records:
                 if self._cancel.is_set():
                     break
+                self._count_one(to_record(msg), limit)
+        except ScanIncomplete as exc:
+            raise ScanIncomplete(
+                f"the counting pass did not reach the end of {self.failed_topic} within "
+                f"{self.count_timeout_s:g}s ({self.progress.scanned} records read); nothing "
+                "was replayed"
+            ) from exc
+        finally:
+            records.close()  # unassigns now, not whenever the generator is collected
         with self._lock:
             self.progress.end_offsets = dict(scanner.positions)
             self.progress.position = dict(start)
+
+    def _count_one(self, rec: FailedRecord, limit: int | None) -> None:
+        spec = self.spec
+        with self._lock:
+            self.progress.scanned += 1
+        if not spec.filter.matches(rec):
+            return
+        reason, target = self._decide(rec)
+        with self._lock:
+            p = self.progress
+            p.matched += 1
+            p.by_dead_reason[str(rec.envelope.get("retryd_dead_reason"))] += 1
+            p.by_error_class[str(rec.envelope.get("retryd_error_class"))] += 1
+            if reason is None and (limit is None or p.to_replay < limit):
+                p.to_replay += 1
+                p.by_target[target or "?"] += 1
 
     def _decide(self, rec: FailedRecord) -> tuple[str | None, str | None]:
         """(skip reason or None, target topic)."""
@@ -183,6 +203,8 @@ class ReplayJob:
             target = self.policy.choose(rec, self.spec.target)
         except InvalidTarget:
             return "no_valid_target", None
+        except TargetReserved:
+            return "target_reserved", None
         except TargetRefused:
             return "target_not_allowed", None
         try:
@@ -236,7 +258,9 @@ class ReplayJob:
                 self._position(scanner)
                 continue
             assert target is not None
-            if not bucket.take(self._cancel, idle):
+            if not bucket.take(self._cancel, idle) or (
+                self.ceiling is not None and not self.ceiling.take(self._cancel, idle)
+            ):
                 self.ledger.release(rec.coord)
                 unprocessed, outcome = rec, ("cancelled", "cancelled")
                 break
@@ -252,6 +276,18 @@ class ReplayJob:
 
     def _send(self, producer: Producer, rec: FailedRecord, target: str, counter: Any) -> None:
         coord = rec.coord
+
+        def recorded(entry: LedgerEntry) -> None:
+            audit.replayed(
+                actor=self.spec.actor,
+                record=str(coord),
+                target=target,
+                partition=entry.target_partition,
+                offset=entry.target_offset,
+                replay_id=entry.replay_id,
+                forced=entry.forced,
+                job=self.id,
+            )
 
         def done(error: str | None) -> None:
             with self._lock:
@@ -282,11 +318,14 @@ class ReplayJob:
             by=self.by,
             on_done=done,
             idle=idle,
+            on_recorded=recorded,
         )
 
     def _drain(self, producer: Producer) -> None:
-        """Wait until every copy and its ledger record is acknowledged (or failed)."""
-        deadline = time.monotonic() + self.timeout_s * 6
+        """Wait until every copy and its ledger record has a definite outcome. Both producers
+        report every message within their delivery timeout, so this ends by itself; the
+        deadline only guards against a report that never comes."""
+        deadline = time.monotonic() + self.drain_timeout_s
         while time.monotonic() < deadline:
             producer.poll(0.05)
             self.ledger.poll(0.05)
@@ -332,6 +371,15 @@ class ReplayJob:
             self.progress.finished_at = time.time()
             self._finished_mono = time.monotonic()
         self._done.set()
+        audit.job_event(
+            "finished",
+            actor=self.spec.actor,
+            job=self.id,
+            state=state,
+            replayed=self.progress.replayed,
+            skipped=self.progress.skipped,
+            failed=self.progress.failed,
+        )
         log.info(
             "replay job %s %s: %s (replayed=%d skipped=%d failed=%d)",
             self.id,
@@ -349,56 +397,10 @@ class ReplayJob:
             replayed = self.progress.replayed
             finished = self._finished_mono
             began = self._replay_began
-        if began is None or replayed == 0:
-            return 0.0
-        if finished is not None:
-            elapsed = finished - began
-            return replayed / elapsed if elapsed > 0 else 0.0
-        now = time.monotonic()
-        window = [s for s in samples if now - s[0] <= RATE_WINDOW_S]
-        t0, n0 = window[0] if window else (began, 0)
-        if now - t0 < 1.0:
-            t0, n0 = began, 0
-        elapsed = now - t0
-        return (replayed - n0) / elapsed if elapsed > 0 else 0.0
+        return rate_per_second(samples, replayed, began, finished, time.monotonic())
 
     def snapshot(self) -> dict[str, Any]:
         """Progress as plain data (the API's and the CLI's view)."""
         rate = self.rate()
         with self._lock:
-            p = self.progress
-            remaining = max(0, p.to_replay - p.replayed - p.failed)
-            running = p.state in ("pending", "counting", "running")
-            eta = remaining / rate if running and rate > 0 and remaining else None
-            if running and remaining == 0 and p.state == "running":
-                eta = 0.0
-            return {
-                "id": self.id,
-                "state": p.state,
-                "dry_run": self.spec.dry_run,
-                "filter": self.spec.filter.describe(),
-                "target": self.spec.target,
-                "max_per_second": self.spec.max_per_second,
-                "max_messages": self.spec.max_messages,
-                "force": self.spec.force,
-                "scanned": p.scanned,
-                "matched": p.matched,
-                "to_replay": p.to_replay,
-                "replayed": p.replayed,
-                "skipped": p.skipped,
-                "failed": p.failed,
-                "skipped_reasons": dict(p.skipped_reasons),
-                "by_target": dict(p.by_target),
-                "by_dead_reason": dict(p.by_dead_reason),
-                "by_error_class": dict(p.by_error_class),
-                "rate_per_second": round(rate, 2),
-                "eta_seconds": round(eta, 2) if eta is not None else None,
-                "created_at": p.created_at,
-                "started_at": p.started_at,
-                "finished_at": p.finished_at,
-                "stop_reason": p.stop_reason,
-                "position": {str(k): v for k, v in sorted(p.position.items())},
-                "end_offsets": {str(k): v for k, v in sorted(p.end_offsets.items())},
-                "last_replayed": p.last_replayed,
-                "errors": list(p.errors),
-            }
+            return render_snapshot(self.id, self.spec, self.progress, rate)

@@ -14,7 +14,7 @@ API::
 
     ledger = ReplayLedger(settings.kafka_common(), settings.ledger_topic)
     ledger.ensure_topic()                 # optional: create it (1 partition, compacted) if missing
-    ledger.refresh()                      # read to the end: call right before deciding
+    ledger.refresh()                      # read to the end (or raise): call right before deciding
     entry = ledger.get(coord)             # LedgerEntry | None; ledger.is_replayed(coord) -> bool
     ledger.record(coord, LedgerEntry(...))  # produce with acks=all, wait; returns the ledger offset
     ledger.record_async(coord, entry, on_done)  # bulk: on_done(err, offset) from ledger.poll()/
@@ -29,6 +29,17 @@ Ordering contract for a replay: produce the replayed copy and wait for its ack, 
 the ledger record and wait for its ack; only then does the replay count. If the ledger write
 fails the copy exists but is not remembered: the record may be replayed again (at-least-once,
 never lost).
+
+Reading: ``refresh`` either reads every partition to its current end or raises
+(``LedgerIncomplete`` when its deadline passed first, ``BrokerUnavailable`` when Kafka does not
+answer). A cut-short read is never taken for the whole ledger: a record whose entry was not read
+would look "not replayed" and be replayed twice. What a cut-short read did get is kept, so the
+next ``refresh`` continues from there (a large ledger is read to its end over a few calls).
+
+Size: one compacted record (about 250 bytes: key plus JSON value) per distinct failed record
+that was ever replayed, and about 470 bytes of memory per entry in every process holding a view.
+Nothing expires on its own; a tombstone (null value) for a key forgets that entry (README: the
+replay ledger).
 
 Concurrency: within one process callers serialise "refresh, decide, produce, record" per
 record (``ReplayLedger.claim``). Across processes (two sidecars, a sidecar and Spark) each
@@ -58,7 +69,7 @@ from confluent_kafka.admin import NewTopic
 
 from retryd.errors import RetrydError
 from retryd.kafka.clients import admin_config, new_admin, new_producer, producer_config
-from retryd.replay.errors import BrokerUnavailable
+from retryd.replay.errors import BrokerUnavailable, LedgerMisconfigured, ScanIncomplete
 from retryd.replay.records import Coord
 from retryd.replay.scan import TopicScanner
 
@@ -67,6 +78,10 @@ log = logging.getLogger(__name__)
 
 class LedgerError(RetrydError):
     """The ledger could not be read or written."""
+
+
+class LedgerIncomplete(LedgerError):
+    """The ledger could not be read to its end in time: no decision may be taken from it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,11 +124,17 @@ class ReplayLedger:
         *,
         replication_factor: int = -1,
         timeout_s: float = 10.0,
+        delivery_timeout_s: float | None = None,
     ) -> None:
+        """``timeout_s`` bounds each wait for Kafka (a read is abandoned after 3x that);
+        ``delivery_timeout_s`` (librdkafka ``message.timeout.ms``) bounds how long a ledger
+        write may stay unacknowledged, so a caller waiting for every outcome (sidecar shutdown)
+        waits a known time. None keeps librdkafka's default."""
         self.common = common
         self.topic = topic
         self.replication_factor = replication_factor
         self.timeout_s = timeout_s
+        self.delivery_timeout_s = delivery_timeout_s
         self._entries: dict[str, LedgerEntry] = {}
         self._positions: dict[int, int] = {}
         self._scanner: TopicScanner | None = None
@@ -124,8 +145,10 @@ class ReplayLedger:
 
     # ------------------------------------------------------------------ reading
     def ensure_topic(self) -> None:
-        """Create the ledger topic (1 partition, cleanup.policy=compact) if it is missing."""
-        from retryd.kafka.topics import CLEANUP_POLICY, LEDGER_PARTITIONS
+        """Create the ledger topic (1 partition, cleanup.policy=compact) if it is missing;
+        refuse an existing one that is not compacted (LedgerMisconfigured): with deletion by
+        retention its entries expire and the records they protect can be replayed again."""
+        from retryd.kafka.topics import CLEANUP_POLICY, LEDGER_PARTITIONS, topic_configs
 
         admin = new_admin(admin_config(self.common, "ledger"))
         try:
@@ -133,6 +156,16 @@ class ReplayLedger:
         except KafkaException as exc:
             raise BrokerUnavailable(f"cannot list topics: {exc}") from exc
         if self.topic in existing:
+            from retryd.errors import KafkaSetupError
+            from retryd.kafka.topics import ledger_policy_problem
+
+            try:
+                config = topic_configs(admin, [self.topic], self.timeout_s).get(self.topic, {})
+            except KafkaSetupError as exc:
+                raise BrokerUnavailable(str(exc)) from exc
+            problem = ledger_policy_problem(self.topic, config.get(CLEANUP_POLICY))
+            if problem is not None:
+                raise LedgerMisconfigured(problem)
             return
         new = NewTopic(
             self.topic,
@@ -163,9 +196,16 @@ class ReplayLedger:
                 )
             start = {p: self._positions.get(p, 0) for p in parts}
             count = 0
-            for msg in scanner.scan(start, timeout_s=timeout * 3, idle_timeout_s=timeout):
-                self._apply(msg)
-                count += 1
+            try:
+                for msg in scanner.scan(start, timeout_s=timeout * 3, idle_timeout_s=timeout):
+                    self._apply(msg)
+                    count += 1
+            except ScanIncomplete as exc:
+                self._positions.update(scanner.positions)  # keep what was read: resume there
+                raise LedgerIncomplete(
+                    f"the replay ledger {self.topic} could not be read to its end in time "
+                    f"({count} new entries read, {len(self._entries)} known); try again: {exc}"
+                ) from exc
             if any(scanner.positions[p] < start[p] for p in parts):
                 raise LedgerError(f"ledger topic {self.topic} went backwards (recreated?)")
             self._positions.update(scanner.positions)
@@ -193,9 +233,10 @@ class ReplayLedger:
     def _get_producer(self) -> Producer:
         with self._lock:
             if self._producer is None:
-                self._producer = new_producer(
-                    producer_config(self.common, "ledger", **{"linger.ms": 2, "log_level": 3})
-                )
+                tuning: dict[str, Any] = {"linger.ms": 2, "log_level": 3}
+                if self.delivery_timeout_s is not None:
+                    tuning["message.timeout.ms"] = int(self.delivery_timeout_s * 1000)
+                self._producer = new_producer(producer_config(self.common, "ledger", **tuning))
             return self._producer
 
     def record_async(

@@ -39,12 +39,51 @@ class TokenBucket:
 
     def take(self, stop: threading.Event, idle: Callable[[float], None] | None = None) -> bool:
         """Block until a token is taken (True) or ``stop`` is set (False)."""
-        while not stop.is_set():
+        return _take(self.try_take, stop, idle)
+
+
+class SharedRateLimit:
+    """One rate shared by many threads: the sidecar's ceiling across every bulk job and single
+    replay (``replay_max_per_second``), on top of each job's own ``max_per_second``."""
+
+    def __init__(
+        self, rate: float, burst: float | None = None, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._bucket = TokenBucket(rate, burst, clock)
+        self._lock = threading.Lock()
+        self.rate = rate
+
+    def try_take(self) -> float:
+        with self._lock:
+            return self._bucket.try_take()
+
+    def take(self, stop: threading.Event, idle: Callable[[float], None] | None = None) -> bool:
+        return _take(self.try_take, stop, idle)
+
+    def acquire(self, timeout_s: float) -> bool:
+        """Take a token, waiting at most ``timeout_s``; False if none came in time."""
+        deadline = time.monotonic() + timeout_s
+        while True:
             wait = self.try_take()
             if wait == 0:
                 return True
-            if idle is not None:
-                idle(min(wait, 0.05))
-            else:
-                stop.wait(min(wait, 0.05))
-        return False
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(wait, left, 0.05))
+
+
+def _take(
+    try_take: Callable[[], float],
+    stop: threading.Event,
+    idle: Callable[[float], None] | None,
+) -> bool:
+    while not stop.is_set():
+        wait = try_take()
+        if wait == 0:
+            return True
+        if idle is not None:
+            idle(min(wait, 0.05))
+        else:
+            stop.wait(min(wait, 0.05))
+    return False

@@ -11,13 +11,13 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Generator
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
 from retryd.kafka.clients import new_consumer, reader_config
-from retryd.replay.errors import BrokerUnavailable
+from retryd.replay.errors import BrokerUnavailable, ScanIncomplete
 from retryd.replay.records import FailedRecord
 
 log = logging.getLogger(__name__)
@@ -88,13 +88,20 @@ class TopicScanner:
         stop: dict[int, int] | None = None,
         timeout_s: float = 10.0,
         idle_timeout_s: float | None = None,
-    ) -> Iterator[Message]:
+        *,
+        partial_ok: bool = False,
+    ) -> Generator[Message, None, None]:
         """Yield messages of every partition in ``start`` from its offset until its current end
         (or ``stop[p]``, exclusive). ``self.positions`` always holds the next offset to read,
         updated *before* each yield, so a caller that stops after handling a message can resume
         exactly there. Raises BrokerUnavailable if nothing at all arrives within
-        ``idle_timeout_s`` (default: ``timeout_s``); returns early (partitions not done) when
-        ``timeout_s`` passes with progress being made.
+        ``idle_timeout_s`` (default: ``timeout_s``).
+
+        When ``timeout_s`` passes before every partition reached its end, the scan raises
+        ScanIncomplete: a caller that took a cut-short read for the whole topic would decide on
+        data it never saw (a ledger missing entries replays records twice). Only a caller that
+        pages (``partial_ok``, e.g. browsing with ``has_more``) gets the early return, and must
+        look at ``last_scan_complete``.
         """
         self.positions = dict(start)
         self.last_scan_complete = False
@@ -118,7 +125,12 @@ class TopicScanner:
                         f"no answer from Kafka reading {self.topic} within {idle_limit:g}s"
                     )
                 if now > deadline:
-                    return
+                    if partial_ok:
+                        return
+                    raise ScanIncomplete(
+                        f"reading {self.topic} did not reach its end within {timeout_s:g}s "
+                        f"(stopped at {_describe_positions(self.positions)})"
+                    )
                 for msg in self.consumer.consume(500, 0.1):
                     err = msg.error()
                     part = msg.partition()
@@ -176,6 +188,11 @@ class TopicScanner:
     def close(self) -> None:
         with contextlib.suppress(RuntimeError):
             self.consumer.close()
+
+
+def _describe_positions(positions: dict[int, int], limit: int = 8) -> str:
+    shown = ", ".join(f"{p}@{o}" for p, o in sorted(positions.items())[:limit])
+    return shown + (", ..." if len(positions) > limit else "")
 
 
 class ScannerPool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -20,7 +21,8 @@ from retryd.policy.headers import Envelope, routed_headers
 from tests.support import create_topics, produce, unique, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
-TOKEN = "s3cret-token"
+# API tokens must be at least 32 bytes. TOKEN goes in RETRYD_API_TOKEN (replay scope).
+TOKEN = "replay-token-s3cret-0123456789abcdef"
 
 
 def failed_headers(
@@ -98,17 +100,31 @@ class Env:
 
 
 class SidecarProcess:
-    """``python -m retryd sidecar`` on a free port."""
+    """``python -m retryd sidecar`` on a free port (HTTPS when ``verify`` names the CA file
+    that signed the certificate configured in the deployment's environment)."""
 
-    def __init__(self, deployment: Env, log_path: Path, port: int | None = None) -> None:
+    def __init__(
+        self,
+        deployment: Env,
+        log_path: Path,
+        port: int | None = None,
+        verify: Path | None = None,
+    ) -> None:
         self.deployment = deployment
         self.port = port or free_port()
         self.log_path = log_path
+        self.verify: Any = ssl.create_default_context(cafile=str(verify)) if verify else True
+        self.scheme = "https" if verify is not None else "http"
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{self.scheme}://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
 
     def start(self, timeout: float = 30) -> SidecarProcess:
         out = open(self.log_path, "ab")  # noqa: SIM115 - closed by the child's lifetime
@@ -126,7 +142,8 @@ class SidecarProcess:
             if self.proc.poll() is not None:
                 raise AssertionError(f"sidecar exited: {self.log_path.read_text()[-3000:]}")
             try:
-                return httpx.get(self.url + "/healthz", timeout=1).status_code == 200
+                resp = httpx.get(self.url + "/healthz", timeout=1, verify=self.verify)
+                return resp.status_code == 200
             except httpx.HTTPError:
                 return False
 
@@ -146,7 +163,7 @@ class SidecarProcess:
 
     def client(self, token: str | None = TOKEN) -> httpx.Client:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        return httpx.Client(base_url=self.url, headers=headers, timeout=30)
+        return httpx.Client(base_url=self.url, headers=headers, timeout=30, verify=self.verify)
 
     def __enter__(self) -> SidecarProcess:
         return self.start()

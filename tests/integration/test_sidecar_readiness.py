@@ -1,4 +1,5 @@
-"""Readiness follows the broker and the worker heartbeats; liveness does not.
+"""Readiness follows the broker and the worker heartbeats; liveness does not. Without a
+token, /readyz tells only the status and reason codes (no hosts, paths, PIDs, group ids).
 
 Uses its own embedded broker on a fixed port (stopped and restarted on that port), never the
 session broker (also when the suite runs against an external cluster).
@@ -13,12 +14,21 @@ import httpx
 
 from retryd.kafka.embedded import EmbeddedBroker, free_port
 from retryd.runtime.heartbeat import HeartbeatWriter
-from tests.integration.sidecar_support import Env, SidecarProcess
+from tests.integration.sidecar_support import TOKEN, Env, SidecarProcess
 from tests.support import wait_for
 
 
-def _ready(url: str) -> httpx.Response:
-    return httpx.get(url + "/readyz", timeout=10)
+def _ready(url: str, token: str | None = TOKEN) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return httpx.get(url + "/readyz", timeout=10, headers=headers)
+
+
+def _assert_public(resp: httpx.Response, env: Env, status: int, reasons: list[str]) -> None:
+    """The anonymous answer: status and codes, nothing that locates the deployment."""
+    assert resp.status_code == status, resp.text
+    assert resp.json() == {"status": "ready" if status == 200 else "not_ready", "reasons": reasons}
+    for secret in ("127.0.0.1", str(os.getpid()), env.group, str(env.state_dir)):
+        assert secret not in resp.text, secret
 
 
 def test_readiness_follows_broker_and_workers(tmp_path: Path) -> None:
@@ -32,14 +42,17 @@ def test_readiness_follows_broker_and_workers(tmp_path: Path) -> None:
         r = _ready(sidecar.url)
         assert r.status_code == 503
         body = r.json()
-        assert body["broker"]["ok"] is True
-        assert any("no live worker" in reason for reason in body["reasons"]), body
+        assert body["broker"]["ok"] is True and body["reasons"] == ["no_live_worker"]
+        assert any("no live worker" in line for line in body["details"]), body
+        _assert_public(_ready(sidecar.url, None), env, 503, ["no_live_worker"])
+        _assert_public(_ready(sidecar.url, "x" * 40), env, 503, ["no_live_worker"])
 
         heartbeat.beat(assigned=2, paused=0, force=True)
         r = _ready(sidecar.url)
         assert r.status_code == 200, r.text
         assert r.json()["status"] == "ready" and r.json()["reasons"] == []
         assert r.json()["workers"][0]["pid"] == os.getpid()
+        _assert_public(_ready(sidecar.url, None), env, 200, [])
 
         # A live process whose heartbeat stopped (hung worker) makes the sidecar unready.
         stale = wait_for(
@@ -47,7 +60,10 @@ def test_readiness_follows_broker_and_workers(tmp_path: Path) -> None:
             15,
             what="stale heartbeat -> 503",
         )
-        assert any("heartbeat is" in reason for reason in stale["reasons"]), stale
+        assert stale["reasons"] == ["worker_heartbeat_stale", "no_live_worker"] or stale[
+            "reasons"
+        ] == ["no_live_worker", "worker_heartbeat_stale"], stale
+        assert any("heartbeat is" in line for line in stale["details"]), stale
 
         def beating_ready(expect: int) -> dict | None:
             heartbeat.beat(assigned=2, paused=0, force=True)
@@ -58,8 +74,10 @@ def test_readiness_follows_broker_and_workers(tmp_path: Path) -> None:
 
         broker.stop()
         down = wait_for(lambda: beating_ready(503), 30, what="503 with the broker stopped")
-        assert down["broker"]["ok"] is False
-        assert any(f"broker {broker.bootstrap}" in reason for reason in down["reasons"]), down
+        assert down["broker"]["ok"] is False and down["reasons"] == ["broker_unreachable"]
+        assert any(f"broker {broker.bootstrap}" in line for line in down["details"]), down
+        heartbeat.beat(assigned=2, paused=0, force=True)
+        _assert_public(_ready(sidecar.url, None), env, 503, ["broker_unreachable"])
         assert httpx.get(sidecar.url + "/healthz", timeout=5).status_code == 200
 
         broker = EmbeddedBroker(port=port, log_file=tmp_path / "tansu.log").start()

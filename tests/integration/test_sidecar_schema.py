@@ -1,12 +1,17 @@
 """Schemathesis against the served OpenAPI schema of a real `retryd sidecar`: no 5xx, every
-response matches the documented status codes, content types and schemas."""
+response matches the documented status codes, content types and schemas. Then the hostile
+inputs a schema does not describe (issue 9, item 5): a tampered cursor nested thousands deep
+(400, not a 500 RecursionError), bodies over the size limit with and without Content-Length
+(413 before parsing), a deeply nested JSON body (422)."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -34,10 +39,59 @@ CHECKS = [
 ]
 CONFIG = """
 # 400 is the answer to a cursor that is a valid string but not one this API handed out
-# (opaque cursors cannot be described by a schema); 503 when Kafka does not answer in time.
+# (opaque cursors cannot be described by a schema); 413 to a body over the size limit (a schema
+# bounds each field, not their sum); 503 when Kafka does not answer in time.
 [checks.positive_data_acceptance]
-expected-statuses = ["2xx", "400", "401", "403", "404", "409", "429", "503"]
+expected-statuses = ["2xx", "400", "401", "403", "404", "409", "413", "429", "503"]
+
+# A body over the size limit is rejected with 413 before anything parses it.
+[checks.negative_data_rejection]
+expected-statuses = [
+  "400", "401", "403", "404", "405", "406", "409", "413", "415", "422", "428", "429",
+]
 """
+MAX_BODY = 65536  # sidecar_max_body_bytes, the default
+
+
+def _chunks(total: int, size: int = 16384) -> Iterator[bytes]:
+    """A body sent chunked (no Content-Length): the limit must hold without one."""
+    sent = 0
+    while sent < total:
+        part = min(size, total - sent)
+        sent += part
+        yield b" " * part
+
+
+def check_hostile_inputs(url: str) -> None:
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    with httpx.Client(base_url=url, headers=headers, timeout=30) as client:
+        deep = base64.urlsafe_b64encode(b"[" * 6_000 + b"]" * 6_000).decode().rstrip("=")
+        for cursor in (deep, base64.urlsafe_b64encode(b'{"0": {"0": 1}}').decode(), "%%%"):
+            r = client.get("/v1/failed", params={"cursor": cursor})
+            assert r.status_code == 400, (cursor[:40], r.status_code, r.text[:300])
+            assert r.json()["error"] == "bad_request"
+        json_headers = {"content-type": "application/json"}
+        big = b"{" + b" " * (5 * 1024 * 1024) + b"}"
+        r = client.post("/v1/replays", content=big, headers=json_headers)
+        assert r.status_code == 413, r.text[:300]
+        assert r.json()["error"] == "payload_too_large"
+        r = client.post("/v1/replays", content=_chunks(MAX_BODY + 1), headers=json_headers)
+        assert r.status_code == 413, r.text[:300]
+        r = client.post("/v1/failed/0/0/replay", content=_chunks(5 * 1024 * 1024))
+        assert r.status_code == 413, r.text[:300]
+        # Within the limit, a body reaches validation: padded valid JSON is accepted as JSON.
+        padded = b'{"dry_run": true, "bogus": 1}' + b" " * (MAX_BODY - 40)
+        r = client.post("/v1/replays", content=padded, headers=json_headers)
+        assert r.status_code == 422 and "bogus" in r.text, r.text[:300]
+        nested = b"[" * 30_000 + b"]" * 30_000
+        r = client.post("/v1/replays", content=nested[: MAX_BODY - 1], headers=json_headers)
+        assert r.status_code == 422, r.text[:300]
+        r = client.post("/v1/replays", content=b"[" * 20_000 + b"]" * 20_000, headers=json_headers)
+        assert r.status_code == 422, r.text[:300]
+        # A body on a GET is bounded too.
+        r = client.request("GET", "/v1/failed", content=_chunks(MAX_BODY * 2))
+        assert r.status_code == 413, r.text[:300]
+        assert client.get("/healthz").status_code == 200
 
 
 def test_openapi_schema_is_complete(bootstrap: str, tmp_path: Path) -> None:
@@ -102,6 +156,7 @@ def test_openapi_schema_is_complete(bootstrap: str, tmp_path: Path) -> None:
         out = proc.stdout + proc.stderr
         print(out[-4000:])
         assert proc.returncode == 0, out[-8000:]
+        check_hostile_inputs(sidecar.url)
     heartbeat.remove()
     log = (tmp_path / "sidecar.log").read_text()
     assert "Traceback" not in log, log[-4000:]

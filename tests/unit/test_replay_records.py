@@ -102,6 +102,16 @@ def test_cursor_round_trip(positions: dict[int, int]) -> None:
         base64.urlsafe_b64encode(b'{"1":true}').decode(),
         base64.urlsafe_b64encode(b'{"99999999999":1}').decode(),
         "x" * 70000,
+        # Hostile shapes: deep nesting (RecursionError in a JSON parser), nested objects,
+        # non-ASCII, huge numbers, floats, padding games.
+        base64.urlsafe_b64encode(b"[" * 6000 + b"]" * 6000).decode(),
+        base64.urlsafe_b64encode(b'{"0":' * 3000 + b"1" + b"}" * 3000).decode(),
+        base64.urlsafe_b64encode(b'{"0":{"0":1}}').decode(),
+        base64.urlsafe_b64encode(b'{"0":1e3}').decode(),
+        base64.urlsafe_b64encode(b'{"0":99999999999999999999}').decode(),
+        base64.urlsafe_b64encode(b'{ "0": 1 }').decode(),
+        "\u00e9" * 10,
+        "====",
     ],
 )
 def test_bad_cursors_are_rejected_readably(bad: str) -> None:

@@ -1,0 +1,148 @@
+"""Readiness: is the broker answering, and are the workers on this host alive?
+
+Two views of one probe. Anyone may ask ``/readyz`` (Kubernetes does, without credentials) and
+gets the status and reason *codes* from ``REASONS`` only: no bootstrap hosts, paths, PIDs or
+group ids, which would tell a stranger where the cluster is. A caller with a valid API token
+(either scope) also gets the sentences, the broker answer and the worker heartbeats.
+
+The probe blocks (a metadata request of up to ``readiness_timeout_s``), so it runs on a thread
+of its own, one at a time: concurrent ``/readyz`` requests share the probe in progress
+(``ReadinessProbe``) instead of each taking a thread, so a flood of probes while the broker is
+down costs one thread, not one per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import anyio.to_thread
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
+
+from retryd.config import Settings
+from retryd.runtime.heartbeat import pid_alive, read_heartbeats
+
+BROKER_UNREACHABLE = "broker_unreachable"
+NO_LIVE_WORKER = "no_live_worker"
+WORKER_HEARTBEAT_STALE = "worker_heartbeat_stale"
+REASONS = (BROKER_UNREACHABLE, NO_LIVE_WORKER, WORKER_HEARTBEAT_STALE)
+
+
+@dataclass
+class ReadinessReport:
+    reasons: list[str] = field(default_factory=list)  # codes from REASONS, each once
+    details: list[str] = field(default_factory=list)  # one sentence per problem
+    broker: dict[str, Any] = field(default_factory=dict)
+    workers: list[dict[str, Any]] = field(default_factory=list)
+    # The two JSON bodies, rendered once per probe: every request sharing a probe sends bytes.
+    rendered: dict[bool, bytes] = field(default_factory=dict)
+
+    @property
+    def status(self) -> str:
+        return "not_ready" if self.reasons else "ready"
+
+    def add(self, code: str, sentence: str) -> None:
+        if code not in self.reasons:
+            self.reasons.append(code)
+        self.details.append(sentence)
+
+    def public(self) -> dict[str, Any]:
+        return {"status": self.status, "reasons": list(self.reasons)}
+
+    def detailed(self) -> dict[str, Any]:
+        return {
+            **self.public(),
+            "details": self.details,
+            "broker": self.broker,
+            "workers": self.workers,
+        }
+
+    def body(self, detailed: bool, render: Callable[[dict[str, Any]], bytes]) -> bytes:
+        """The JSON body of one view, rendered by ``render`` the first time it is asked."""
+        if detailed not in self.rendered:
+            self.rendered[detailed] = render(self.detailed() if detailed else self.public())
+        return self.rendered[detailed]
+
+
+def probe(settings: Settings, admin: Callable[[], AdminClient]) -> ReadinessReport:
+    """One readiness check (blocking)."""
+    report = ReadinessReport()
+    started = time.monotonic()
+    timeout = settings.readiness_timeout_s
+    broker: dict[str, Any] = {"bootstrap_servers": settings.bootstrap_servers}
+    try:
+        md = admin().list_topics(timeout=timeout)
+        broker.update(ok=True, brokers=len(md.brokers))
+    except KafkaException as exc:
+        broker.update(ok=False, error=str(exc.args[0]) if exc.args else str(exc))
+        report.add(
+            BROKER_UNREACHABLE,
+            f"broker {settings.bootstrap_servers} did not answer a metadata request "
+            f"within {timeout:g}s",
+        )
+    broker["seconds"] = round(time.monotonic() - started, 3)
+    report.broker = broker
+    workers = worker_states(settings)
+    stale = settings.heartbeat_stale_s
+    if not any(w["alive"] for w in workers):
+        report.add(
+            NO_LIVE_WORKER,
+            f"no live worker process on this host (no heartbeat newer than {stale:g}s in "
+            f"{settings.state_dir / 'heartbeats'})",
+        )
+    for w in workers:
+        if w["pid_running"] and not w["alive"]:
+            report.add(
+                WORKER_HEARTBEAT_STALE,
+                f"worker pid {w['pid']} is running but its heartbeat is "
+                f"{w['age_seconds']:.0f}s old (stale after {stale:g}s)",
+            )
+    for w in workers:
+        w.pop("pid_running")
+    report.workers = workers
+    return report
+
+
+def worker_states(settings: Settings) -> list[dict[str, Any]]:
+    now = time.time()
+    out = []
+    for hb in read_heartbeats(settings.state_dir):
+        age = max(0.0, now - hb.ts)
+        running = pid_alive(hb.pid)
+        out.append(
+            {
+                "pid": hb.pid,
+                "role": hb.role,
+                "group_id": hb.group_id,
+                "state": hb.state,
+                "age_seconds": round(age, 3),
+                "alive": running and age <= settings.heartbeat_stale_s,
+                "pid_running": running,
+                "assigned_partitions": hb.assigned_partitions,
+                "paused_partitions": hb.paused_partitions,
+            }
+        )
+    return out
+
+
+class ReadinessProbe:
+    """Runs ``check`` on one dedicated thread; callers that arrive while it runs share it."""
+
+    def __init__(self, check: Callable[[], ReadinessReport]) -> None:
+        self.check = check
+        self._limiter = anyio.CapacityLimiter(1)
+        self._running: asyncio.Future[ReadinessReport] | None = None
+
+    async def report(self) -> ReadinessReport:
+        running = self._running
+        if running is None or running.done():
+            running = self._running = asyncio.ensure_future(
+                anyio.to_thread.run_sync(self.check, limiter=self._limiter)
+            )
+        # shield: a caller that goes away does not cancel the probe the others wait for
+        return await asyncio.shield(running)

@@ -1,0 +1,107 @@
+"""Which topics a replay may write to (the allow-list, and the topics that are never targets)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping
+
+from confluent_kafka import Consumer
+
+from retryd.errors import SequenceError
+from retryd.kafka.clients import new_consumer, reader_config
+from retryd.policy.sequence import validate_topic_name
+from retryd.replay.errors import InvalidTarget, TargetRefused, TargetReserved
+from retryd.replay.records import FailedRecord
+from retryd.replay.scan import partitions_of
+
+
+class TargetPolicy:
+    """Which topics a replay may write to: ``replay_allowlist``, or the main topics if empty.
+
+    Never a target, whatever the allow-list says: ``reserved`` topics (retryd's own: the
+    ledger, ``failed_topic``, the tiers; name -> what it is) and Kafka-internal topics (names
+    starting with ``__``). A copy replayed into a tier or into ``failed_topic`` would skip the
+    retry sequence or loop; one in the ledger or ``__consumer_offsets`` corrupts state.
+
+    Topic existence is looked up once per topic and cached briefly (metadata requests are not
+    free, and a bulk job asks for every record).
+    """
+
+    def __init__(
+        self,
+        common: dict[str, str],
+        allowlist: list[str],
+        ttl_s: float = 30.0,
+        *,
+        reserved: Mapping[str, str] | None = None,
+    ) -> None:
+        self.reserved = dict(reserved or {})
+        self.allowed = frozenset(t for t in allowlist if self.refusal(t) is None)
+        self.ttl_s = ttl_s
+        self._meta: Consumer | None = None
+        self._common = common
+        self._cache: dict[str, tuple[float, int | None]] = {}
+        self._lock = threading.Lock()
+
+    def choose(self, rec: FailedRecord, target: str | None) -> str:
+        """The target topic for ``rec``; raises TargetRefused with the reason."""
+        topic = target or rec.original_topic
+        if not topic:
+            raise InvalidTarget(
+                f"record {rec.coord} has no readable retryd_original_topic header: "
+                "give an explicit target"
+            )
+        try:
+            validate_topic_name(topic)
+        except SequenceError as exc:
+            raise InvalidTarget(str(exc)) from exc
+        self.require_allowed(topic)
+        return topic
+
+    def refusal(self, topic: str) -> str | None:
+        """Why ``topic`` can never be a replay target, or None."""
+        kind = self.reserved.get(topic)
+        if kind is not None:
+            return f"target topic {topic} is {kind}"
+        if topic.startswith("__"):
+            return f"target topic {topic} is a Kafka-internal topic (its name starts with __)"
+        return None
+
+    def require_allowed(self, topic: str) -> None:
+        reason = self.refusal(topic)
+        if reason is not None:
+            raise TargetReserved(
+                f"{reason}: replaying into it is refused whatever replay_allowlist says"
+            )
+        if topic not in self.allowed:
+            allowed = ", ".join(sorted(self.allowed)) or "(empty: set replay_allowlist)"
+            raise TargetRefused(f"target topic {topic} is not in the replay allow-list ({allowed})")
+
+    def partitions(self, topic: str, timeout_s: float = 5.0) -> int | None:
+        """Partition count of ``topic`` (None when it does not exist)."""
+        now = time.monotonic()
+        with self._lock:
+            hit = self._cache.get(topic)
+            if hit is not None and now - hit[0] < self.ttl_s:
+                return hit[1]
+            if self._meta is None:  # a consumer: asking never auto-creates the topic
+                self._meta = new_consumer(reader_config(self._common, "meta"))
+            meta = self._meta
+        parts = partitions_of(meta, topic, timeout_s)
+        count = len(parts) if parts is not None else None
+        with self._lock:
+            self._cache[topic] = (now, count)
+        return count
+
+    def close(self) -> None:
+        with self._lock:
+            if self._meta is not None:
+                self._meta.close()
+                self._meta = None
+
+    def require_existing(self, topic: str) -> int:
+        count = self.partitions(topic)
+        if count is None:
+            raise InvalidTarget(f"target topic {topic} does not exist")
+        return count
