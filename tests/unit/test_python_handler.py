@@ -22,7 +22,7 @@ from retryd.handlers.python_handler import (
     SyncPythonHandler,
 )
 from retryd.policy.classify import HandlerResult, Outcome
-from retryd.worker import pools
+from retryd.worker import loop_pool
 from tests import handlers_for_tests
 from tests.pool_support import Harness, work_of
 from tests.support import wait_for
@@ -287,7 +287,7 @@ def test_async_hang_is_really_cancelled(make: Callable[..., Called]) -> None:
 def test_async_blocking_loop_is_abandoned(
     make: Callable[..., Called], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(pools, "ASYNC_CANCEL_GRACE_S", 0.2)
+    monkeypatch.setattr(loop_pool, "ASYNC_CANCEL_GRACE_S", 0.2)
     release = threading.Event()
     loops: list[asyncio.AbstractEventLoop] = []
 

@@ -1,0 +1,165 @@
+"""Handler slots: what both pool kinds share (see ``thread_pool`` and ``loop_pool``).
+
+Where handler calls run, at most ``max_in_flight`` at a time per process.
+
+Two kinds, one contract (``Pool``):
+
+- ``ThreadPool`` for sync Python callables: up to ``size`` daemon threads. Threads are woken
+  only as calls prove slow: a handler that returns in microseconds is served by one thread (more
+  would only fight over the GIL), a handler blocked on I/O ramps up to ``size``. A call that
+  overruns its timeout cannot be killed in Python: its thread is *abandoned* (counted, replaced)
+  and the record gets a ``timeout`` result. Daemon threads never block interpreter exit, which
+  is why this is not ``concurrent.futures``.
+- ``LoopPool`` for ``async def`` callables and HTTP: ``size`` tasks on one event loop in a
+  daemon thread; each call is cancelled at its timeout. A loop that stops answering (blocking
+  code inside ``async def``, a task that swallows cancellation) is abandoned as a whole.
+
+Slots take ready records from the ``Scheduler`` (ordering lives there). A success (or DROP) is
+settled on the slot itself: the record is marked done and counted in the slot's own
+monotonic counters, which the poll thread reads as deltas (``collect``) - no hand-off back per
+record. Failures, which need a routed copy, go to ``completions`` for the poll thread.
+
+A record whose partition was revoked before its call started is skipped (it stays QUEUED):
+the partition's next owner redoes it from the committed offset.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable
+from typing import Protocol
+
+from retryd.policy.classify import HandlerResult, Outcome, timeout_result
+from retryd.worker.events import BatchStats, SlotStats
+from retryd.worker.scheduler import Scheduler
+from retryd.worker.work import Work
+
+log = logging.getLogger(__name__)
+
+# A call running longer than this is "slow": the pool wakes another thread for ready records.
+SLOW_CALL_S = 0.0002
+MAX_CHUNK = 256  # records a fast slot takes per lock acquisition
+# A slot takes as many records as it can run in about this long (by its average call time), so
+# fast calls cost one lock per chunk while slow ones never sit on records another slot could run.
+CHUNK_BUDGET_S = 0.0005
+
+perf = time.perf_counter
+_SUCCESS = Outcome.SUCCESS
+_DROP = Outcome.DROP
+
+
+def adapter_failure(exc: BaseException) -> HandlerResult:
+    """An exception escaped a handler *adapter* (retryd's own code around business code): a
+    retryable failure of this record, never a process exit."""
+    return HandlerResult(
+        Outcome.RETRY, "handler_adapter_error", f"{type(exc).__name__}: {exc}"[:512]
+    )
+
+
+class Pool(Protocol):
+    completions: deque[Work]
+
+    def wake(self, ready: int) -> None:
+        """``ready`` records are ready in the scheduler (called by the poll thread often)."""
+
+    def watchdog(self) -> None:
+        """Abandon calls past their timeout (called by the poll thread, often)."""
+
+    def collect(self, stats: BatchStats) -> None:
+        """Add what the slots settled since the last call to ``stats``."""
+
+    def running(self, parts: Iterable[object] | None = None) -> int:
+        """Calls in flight (of records of ``parts`` only, when given)."""
+
+    @property
+    def abandoned(self) -> int:
+        """Calls abandoned after their timeout, ever."""
+
+    @property
+    def hung(self) -> int:
+        """Abandoned calls still running somewhere."""
+
+    def close(self, timeout_s: float) -> None: ...
+
+
+class Slot:
+    """One pool thread (or loop task), the records it holds, and the call it is running."""
+
+    __slots__ = ("abandoned", "held", "index", "lock", "started", "stats", "work")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.abandoned = False
+        self.held: list[Work] = []  # records taken; ``index`` is the one running
+        self.index = 0
+        self.work: Work | None = None
+        self.started = 0.0  # perf_counter() at call start
+        self.stats = SlotStats()
+
+
+def settle_on_slot(w: Work, result: HandlerResult, seconds: float, stats: SlotStats) -> bool:
+    """Record a finished call; True when it settled here (success/drop), False when the poll
+    thread must route it."""
+    topic = w.topic
+    w.result = result
+    stats.calls += 1
+    durations = stats.durations.get(topic)
+    if durations is None:
+        durations = stats.duration(topic)
+    durations.observe(seconds)
+    if w.due:
+        stats.late(topic).observe(max(0.0, time.time() - w.due / 1000 - seconds))
+    outcome = result.outcome
+    if outcome is _SUCCESS:
+        success = stats.success
+        success[topic] = success.get(topic, 0) + 1
+        w.state = 4  # Work.DONE
+        return True
+    if outcome is _DROP:
+        dropped = stats.dropped
+        dropped[topic] = dropped.get(topic, 0) + 1
+        w.state = 4
+        return True
+    return False
+
+
+class Collector:
+    """Deltas of slots' monotonic counters, read by the poll thread."""
+
+    def __init__(self) -> None:
+        self._seen: dict[int, SlotStats] = {}
+
+    def add(self, slot_stats: SlotStats, into: BatchStats) -> None:
+        key = id(slot_stats)
+        before = self._seen.get(key)
+        if before is not None and before.calls == slot_stats.calls:
+            return
+        now = slot_stats.snapshot()
+        now.merge_delta(before, into)
+        self._seen[key] = now
+
+    def forget(self, slot_stats: SlotStats) -> None:
+        self._seen.pop(id(slot_stats), None)
+
+
+def hand_back(scheduler: Scheduler, held: list[Work], index: int) -> None:
+    """An abandoned slot's records: the ones it ran (the hung one included) release their
+    keys, so records chained behind them can run; the ones it never started go back first."""
+    successors: list[Work] = []
+    scheduler.release_many(held[: index + 1], successors)
+    back = held[index + 1 :] + successors
+    if back:
+        scheduler.requeue(back)
+
+
+def timed_out(work: Work, timeout_s: float, stats: SlotStats, completions: deque[Work]) -> None:
+    """A call abandoned by a watchdog: a timeout result, routed by the poll thread."""
+    stats.calls += 1
+    stats.duration(work.topic).observe(timeout_s)
+    work.result = timeout_result(timeout_s)
+    work.seconds = timeout_s
+    work.state = Work.FINISHED
+    completions.append(work)

@@ -1,0 +1,223 @@
+"""``ThreadPool``: sync Python handlers on up to ``max_in_flight`` daemon threads.
+
+Threads are woken only as calls prove slow: a handler that returns in microseconds is served by
+one thread (more would only fight over the GIL), a handler blocked on I/O ramps up to the
+limit. A call that overruns its timeout cannot be killed in Python: its thread is *abandoned*
+(counted, replaced) and the record gets a ``timeout`` result. Daemon threads never block
+interpreter exit, which is why this is not ``concurrent.futures``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable, Iterable
+
+from retryd.handlers.base import SyncHandler
+from retryd.policy.classify import HandlerResult
+from retryd.worker.events import BatchStats, SlotStats
+from retryd.worker.scheduler import Scheduler
+from retryd.worker.slots import (
+    CHUNK_BUDGET_S,
+    MAX_CHUNK,
+    SLOW_CALL_S,
+    Collector,
+    Slot,
+    adapter_failure,
+    hand_back,
+    perf,
+    settle_on_slot,
+    timed_out,
+)
+from retryd.worker.work import Work
+
+log = logging.getLogger(__name__)
+
+
+class ThreadPool:
+    def __init__(
+        self,
+        handler: SyncHandler,
+        scheduler: Scheduler,
+        size: int,
+        timeout_s: float,
+        on_abandoned: Callable[[int], None] | None = None,
+    ) -> None:
+        self.handler = handler
+        self.scheduler = scheduler
+        self.size = size
+        self.timeout_s = timeout_s
+        self.completions: deque[Work] = deque()
+        self._on_abandoned = on_abandoned
+        self._cond = threading.Condition(scheduler.lock)
+        self._slots: list[Slot] = []  # live (not abandoned) slots
+        self._retired: list[Slot] = []  # abandoned: their counters are read once more
+        self._own = SlotStats()  # timeouts declared by the watchdog (poll thread)
+        self._collector = Collector()
+        self._idle = 0
+        self._abandoned = 0
+        self._hung = 0
+        self._hung_lock = threading.Lock()
+        self._closed = False
+        self._started = 0
+
+    # ---------------------------------------------------------------- poll-thread side
+    def wake(self, ready: int) -> None:
+        if ready <= 0:
+            return
+        now = perf()
+        slow = sum(1 for s in self._slots if s.work is not None and now - s.started > SLOW_CALL_S)
+        with self._cond:
+            idle = self._idle
+            free = len(self._slots) - idle - slow  # busy slots that are not stuck in a call
+            if free > 0:
+                return  # they will take the ready records
+            want = min(max(1, slow), ready)  # everyone is slow: double up
+            woken = min(want, idle)
+            if woken:
+                self._cond.notify(woken)
+            missing = min(want - woken, self.size - len(self._slots))
+        for _ in range(max(missing, 0)):
+            self._start_slot()
+
+    def _start_slot(self) -> None:
+        slot = Slot()
+        self._slots.append(slot)
+        self._started += 1
+        threading.Thread(
+            target=self._serve, args=(slot,), name=f"retryd-handler-{self._started}", daemon=True
+        ).start()
+
+    def watchdog(self) -> None:
+        limit = perf() - self.timeout_s
+        for slot in list(self._slots):
+            work = slot.work
+            if work is None or slot.started > limit:
+                continue
+            with slot.lock:
+                if slot.work is not work or slot.abandoned:
+                    continue  # finished meanwhile
+                slot.abandoned = True
+                held, index = slot.held, slot.index
+            self._slots.remove(slot)
+            self._retired.append(slot)
+            self._abandoned += 1
+            with self._hung_lock:
+                self._hung += 1
+            log.warning(
+                "%s: handler did not finish within %gs; abandoning its thread (%d abandoned)",
+                work.where,
+                self.timeout_s,
+                self._abandoned,
+            )
+            timed_out(work, self.timeout_s, self._own, self.completions)
+            hand_back(self.scheduler, held, index)
+            self.wake(len(self.scheduler))
+            if self._on_abandoned is not None:
+                self._on_abandoned(self._abandoned)
+
+    def collect(self, stats: BatchStats) -> None:
+        collector = self._collector
+        collector.add(self._own, stats)
+        for slot in self._slots:
+            collector.add(slot.stats, stats)
+        if self._retired:
+            for slot in self._retired:
+                collector.add(slot.stats, stats)
+                collector.forget(slot.stats)
+            self._retired.clear()
+
+    def running(self, parts: Iterable[object] | None = None) -> int:
+        wanted = None if parts is None else set(map(id, parts))
+        n = 0
+        for slot in self._slots:
+            work = slot.work
+            if work is not None and (wanted is None or id(work.part) in wanted):
+                n += 1
+        return n
+
+    @property
+    def abandoned(self) -> int:
+        return self._abandoned
+
+    @property
+    def hung(self) -> int:
+        return self._hung
+
+    def close(self, timeout_s: float) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        with contextlib.suppress(Exception):
+            self.handler.close()
+
+    # ---------------------------------------------------------------- slot-thread side
+    def _serve(self, slot: Slot) -> None:
+        call = self.handler.call
+        done = self.completions.append
+        scheduler = self.scheduler
+        ready = scheduler.ready
+        take = scheduler.take_locked
+        release = scheduler.release_locked
+        stats = slot.stats
+        lock = slot.lock
+        chunk = 1
+        average = SLOW_CALL_S  # call time, smoothed; start as if slow
+        held: list[Work] = []
+        success = HandlerResult.success()
+        while True:
+            with self._cond:
+                if held:
+                    release(held)  # records chained behind them become ready
+                while not ready:
+                    if self._closed:
+                        return
+                    self._idle += 1
+                    self._cond.wait()
+                    self._idle -= 1
+                held = take(chunk)
+            if held:
+                slot.held = held
+                for index in range(len(held)):
+                    w = held[index]
+                    if w.part.revoked:
+                        continue
+                    slot.index = index
+                    w.state = 1  # RUNNING
+                    started = perf()
+                    slot.started = started
+                    slot.work = w
+                    try:
+                        result = call(w)
+                    except BaseException as exc:  # adapters never raise; if one does, retry
+                        result = adapter_failure(exc)
+                    seconds = perf() - started
+                    with lock:
+                        if slot.abandoned:
+                            self._late_return(w)
+                            return
+                        slot.work = None
+                    # _settle_on_slot, inlined for the common case: a plain success
+                    if result is success and not w.due:
+                        w.result = result
+                        topic = w.topic
+                        stats.calls += 1
+                        durations = stats.durations.get(topic) or stats.duration(topic)
+                        durations.observe(seconds)
+                        counts = stats.success
+                        counts[topic] = counts.get(topic, 0) + 1
+                        w.state = 4  # Work.DONE
+                    elif not settle_on_slot(w, result, seconds, stats):
+                        w.result = result
+                        w.seconds = seconds
+                        w.state = 2  # FINISHED: the poll thread routes it
+                        done(w)
+                    average += (seconds - average) * 0.2
+                chunk = max(1, min(MAX_CHUNK, int(CHUNK_BUDGET_S / max(average, 1e-7))))
+
+    def _late_return(self, work: Work) -> None:
+        with self._hung_lock:
+            self._hung -= 1
+        log.info("%s: abandoned handler call returned late; its thread exits", work.where)
