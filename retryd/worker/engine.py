@@ -37,15 +37,9 @@ from retryd.runtime.heartbeat import HeartbeatWriter
 from retryd.worker.book import ConsumerLike, PartitionBook
 from retryd.worker.clients import worker_consumer_config, worker_producer_config
 from retryd.worker.events import Events, Sink
+from retryd.worker.flow import flow_control
 from retryd.worker.intake import WAITING, Intake
-from retryd.worker.partition import (
-    PAUSE_BUFFER,
-    PAUSE_MEMORY,
-    PAUSE_PRODUCER,
-    PAUSE_TAIL,
-    PartitionState,
-    partition_lags,
-)
+from retryd.worker.partition import PartitionState, partition_lags
 from retryd.worker.pools import LoopPool, Pool, ThreadPool
 from retryd.worker.router import ProducerLike, Router
 from retryd.worker.scheduler import Scheduler
@@ -275,33 +269,8 @@ class Worker:
         self._beat()
 
     def _flow_control(self, router: Router) -> None:
-        book = self.book
-        cap = self.settings.partition_buffer
-        low = cap // 2
-        tail_cap = self.settings.tier_buffer
-        tail_low = tail_cap // 2
-        total = 0
-        for st in book.parts.values():
-            n = len(st.pending)
-            total += st.pending_bytes
-            if n >= cap:
-                if not st.paused & PAUSE_BUFFER:
-                    book.set_pause(st, PAUSE_BUFFER, True)
-            elif st.paused & PAUSE_BUFFER and n <= low:
-                book.set_pause(st, PAUSE_BUFFER, False)
-            if st.delay_ms is not None:
-                waiting = len(st.tail)
-                if waiting >= tail_cap:
-                    if not st.paused & PAUSE_TAIL:
-                        book.set_pause(st, PAUSE_TAIL, True)
-                elif st.paused & PAUSE_TAIL and waiting <= tail_low:
-                    book.set_pause(st, PAUSE_TAIL, False)
-        limit = self.settings.buffer_bytes
-        if total >= limit:
-            book.pause_all(PAUSE_MEMORY, True)
-        elif total <= limit // 2:
-            book.pause_all(PAUSE_MEMORY, False)
-        book.pause_all(PAUSE_PRODUCER, router.blocked)
+        s = self.settings
+        flow_control(self.book, s.partition_buffer, s.tier_buffer, s.buffer_bytes, router.blocked)
 
     def _publish_gauges(self) -> None:
         running = self.pool.running()

@@ -197,3 +197,43 @@ def test_run_summary_is_a_sink_of_batch_events() -> None:
     summary.rebalance("assign", 2)
     assert summary.total("success") == 3 and summary.dead_reasons == {"exhausted": 1}
     assert summary.rebalances == {"assign": 1} and summary.busy_seconds == 1.0
+
+
+# ------------------------------------------------------------------ flow control
+def test_flow_control_pauses_at_each_limit_and_resumes_at_half() -> None:
+    from retryd.worker.flow import flow_control
+
+    broker = StubBroker()
+    broker.create("main", 1)
+    broker.create("tier", 1)
+    consumer = broker.consumer({"group.id": "g"})
+    book = PartitionBook(consumer, {"tier": 1000})
+    main, tier = book.assign([TopicPartition("main", 0), TopicPartition("tier", 0)])
+    main.pending.extend(_work(i, main) for i in range(10))
+    flow_control(
+        book, partition_buffer=10, tier_buffer=4, buffer_bytes=10**9, producer_blocked=False
+    )
+    assert consumer.paused == {("main", 0)}
+    for _ in range(5):
+        main.pending.popleft()
+    flow_control(
+        book, partition_buffer=10, tier_buffer=4, buffer_bytes=10**9, producer_blocked=False
+    )
+    assert consumer.paused == set()  # resumed at half
+    tier.tail.extend(_work(i, tier) for i in range(4))
+    flow_control(
+        book, partition_buffer=10, tier_buffer=4, buffer_bytes=10**9, producer_blocked=False
+    )
+    assert consumer.paused == {("tier", 0)}
+    flow_control(
+        book, partition_buffer=10, tier_buffer=4, buffer_bytes=10**9, producer_blocked=True
+    )
+    assert consumer.paused == {("main", 0), ("tier", 0)}  # a full producer queue pauses all
+    tier.tail.clear()
+    flow_control(
+        book, partition_buffer=10, tier_buffer=4, buffer_bytes=10**9, producer_blocked=False
+    )
+    assert consumer.paused == set()
+    main.pending_bytes = 100
+    flow_control(book, partition_buffer=10, tier_buffer=4, buffer_bytes=100, producer_blocked=False)
+    assert consumer.paused == {("main", 0), ("tier", 0)}  # memory: everything pauses
