@@ -15,6 +15,7 @@ from typing import Any
 
 _LATENESS: list[int] = []
 _LATENESS_FILE = os.environ.get("BENCH_LATENESS_FILE")
+_DETAIL: list[str] | None = [] if os.environ.get("BENCH_LATENESS_DETAIL") else None
 
 
 def noop(message: Any) -> None:
@@ -46,6 +47,9 @@ def tiers(message: Any) -> None:
         due = message.header("retry_timestamp")
         if due is not None:
             _LATENESS.append(int(time.time() * 1000) - int(due))
+            if _DETAIL is not None:
+                _DETAIL.append(f"{message.topic} {message.partition} {message.offset} "
+                               f"{int(time.time() * 1000)} {int(due)}")
     value = message.value or b"0"
     if message.retry_number < value[0] - 48:
         raise RuntimeError("bench: not yet")
@@ -55,6 +59,9 @@ def _dump() -> None:
     if _LATENESS_FILE and _LATENESS:
         with open(_LATENESS_FILE, "a", encoding="ascii") as fh:
             fh.write("\n".join(map(str, _LATENESS)) + "\n")
+    if _DETAIL:
+        with open(os.environ["BENCH_LATENESS_DETAIL"], "a", encoding="ascii") as fh:
+            fh.write("\n".join(_DETAIL) + "\n")
 
 
 atexit.register(_dump)

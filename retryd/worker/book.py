@@ -107,8 +107,10 @@ class PartitionBook:
         part = [TopicPartition(st.topic, st.partition)]
         try:
             if before == 0:
+                log.debug("%s[%d]: pause (reason %d)", st.topic, st.partition, after)
                 self.consumer.pause(part)
             elif after == 0:
+                log.debug("%s[%d]: resume", st.topic, st.partition)
                 self.consumer.resume(part)
         except KafkaException as exc:  # no longer assigned (a rebalance raced us)
             log.warning("%s[%d]: pause/resume failed: %s", st.topic, st.partition, exc)
