@@ -26,6 +26,16 @@ log = logging.getLogger(__name__)
 TP = tuple[str, int]
 _EOF = KafkaError._PARTITION_EOF
 _POLL_S = 0.2
+# Probing extents needs one record (or end-of-partition) per partition: the smallest fetches
+# the protocol allows (a broker still returns one whole batch), and no back-off when the
+# queue threshold is crossed (librdkafka's default waits 1 s per partition there).
+PROBE_TUNING: dict[str, object] = {
+    "message.max.bytes": 1000,
+    "fetch.max.bytes": 1000,
+    "max.partition.fetch.bytes": 1,
+    "queued.max.messages.kbytes": 1,
+    "fetch.queue.backoff.ms": 0,
+}
 
 
 class KafkaReadError(RetrydError):
@@ -127,9 +137,7 @@ def offsets_for_times(
 
 def resolve_ranges(opts: SourceOptions) -> list[OffsetRange]:
     """One concrete ``[start, end)`` per partition of the selected topics (possibly empty)."""
-    consumer = range_consumer(
-        opts.kafka_conf, **{"fetch.max.bytes": 1 << 20, "queued.max.messages.kbytes": 1024}
-    )
+    consumer = range_consumer(opts.kafka_conf, **PROBE_TUNING)
     try:
         tps = list_partitions(consumer, opts.topics, opts.read_timeout_s)
         extents = probe_extents(consumer, tps, opts.read_timeout_s)
@@ -192,14 +200,28 @@ def plan_ranges(opts: SourceOptions) -> list[OffsetRange]:
     return chunks
 
 
+# Range reads fetch big chunks of one partition: fewer round trips per record.
+READ_TUNING: dict[str, object] = {
+    "max.partition.fetch.bytes": 8 << 20,
+    "fetch.max.bytes": 64 << 20,
+    "queued.max.messages.kbytes": 64 << 10,
+}
+_CONSUME_BATCH = 10_000
+
+
 def read_range(
     conf: Mapping[str, str], rng: OffsetRange, batch_rows: int, timeout_s: float
 ) -> Iterator[pa.RecordBatch]:
     """Yield the records of ``rng`` as Arrow batches; stop at its end, at end-of-partition
-    (offsets may be missing: compaction, transaction markers), never wait forever."""
+    (offsets may be missing: compaction, transaction markers), never wait forever.
+
+    A ``consume()`` batch without errors and inside the range (one partition per consumer,
+    so offsets increase) goes to the builder whole; only a batch with an error event or
+    offsets outside the range is looked at record by record.
+    """
     if rng.span == 0:
         return
-    consumer = range_consumer(conf)
+    consumer = range_consumer(conf, **READ_TUNING)
     builder = BatchBuilder()
     position = rng.start
     try:
@@ -207,13 +229,23 @@ def read_range(
         last_progress = time.monotonic()
         done = False
         while not done and position < rng.end:
-            msgs = consumer.consume(min(batch_rows, 10_000), _POLL_S)
-            if not msgs and time.monotonic() - last_progress > timeout_s:
-                raise KafkaReadError(
-                    f"{rng.topic}[{rng.partition}]@{position}: nothing arrived for {timeout_s:g}s "
-                    f"before the end offset {rng.end}"
-                )
-            for msg in msgs:
+            msgs = consumer.consume(min(batch_rows, _CONSUME_BATCH), _POLL_S)
+            if not msgs:
+                if time.monotonic() - last_progress > timeout_s:
+                    raise KafkaReadError(
+                        f"{rng.topic}[{rng.partition}]@{position}: nothing arrived for "
+                        f"{timeout_s:g}s before the end offset {rng.end}"
+                    )
+                continue
+            last_progress = time.monotonic()
+            first, last = msgs[0].offset(), msgs[-1].offset()
+            clean = not any([m.error() is not None for m in msgs])
+            inside = first is not None and last is not None and rng.start <= first <= last < rng.end
+            if clean and inside and last is not None:
+                builder.extend(msgs)
+                position = last + 1
+                msgs = []
+            for msg in msgs:  # the slow path: errors, or records outside the range
                 err = msg.error()
                 offset = msg.offset()
                 if err is not None:
@@ -230,7 +262,6 @@ def read_range(
                     break
                 builder.add_message(msg)
                 position = offset + 1
-                last_progress = time.monotonic()
             if len(builder) >= batch_rows:
                 yield builder.flush()
         if len(builder):
