@@ -22,6 +22,10 @@ class SequenceError(ConfigError):
         super().__init__([message])
 
 
+class TimeSpecError(RetrydError):
+    """A point in time or a duration (``--since 2h``, ``--until 2024-05-01``) cannot be parsed."""
+
+
 class HeaderError(RetrydError):
     """A retryd header is missing or unparsable (the message is dead-lettered as malformed)."""
 
