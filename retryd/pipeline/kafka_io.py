@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Hashable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import TypeVar
 
 import pyarrow as pa
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
@@ -20,10 +22,12 @@ from retryd.kafka.clients import new_consumer, reader_config
 from retryd.pipeline.columns import BatchBuilder
 from retryd.pipeline.offsets import Bound, OffsetRange, clamp_range, split_range
 from retryd.pipeline.options import SourceOptions
+from retryd.pipeline.timeplan import Sample
 
 log = logging.getLogger(__name__)
 
 TP = tuple[str, int]
+K = TypeVar("K", bound=Hashable)
 _EOF = KafkaError._PARTITION_EOF
 _POLL_S = 0.2
 # Probing extents needs one record (or end-of-partition) per partition: the smallest fetches
@@ -72,22 +76,34 @@ def list_partitions(consumer: Consumer, topics: Iterable[str], timeout_s: float)
     return out
 
 
-def probe_extents(consumer: Consumer, tps: list[TP], timeout_s: float) -> dict[TP, tuple[int, int]]:
-    """(first offset, high watermark) of each partition, as seen by a real fetch.
+@dataclass(frozen=True, slots=True)
+class Head:
+    """The first record at or after a position, as a fetch returned it, and the partition's
+    high watermark from that same fetch response. ``offset`` is None at end of partition."""
 
-    Each partition is read from the beginning until its first record or end-of-partition;
-    the fetch response that carried it also carried the high watermark.
+    offset: int | None
+    timestamp_ms: int | None
+    high: int
+
+
+def read_heads(consumer: Consumer, positions: Mapping[TP, int], timeout_s: float) -> dict[TP, Head]:
+    """Read each partition from its position until its first record or end-of-partition.
+
+    Positions may be ``OFFSET_BEGINNING``. High watermarks come from the fetch responses
+    (cached watermarks after a fetch, or the end-of-partition event), never from ListOffsets.
     """
-    if not tps:
+    if not positions:
         return {}
-    consumer.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t, p in tps])
-    first: dict[TP, int] = {}
-    high: dict[TP, int] = {}
+    assigned = [TopicPartition(t, p, off) for (t, p), off in positions.items()]
+    consumer.assign(assigned)
+    # A pause outlives unassign/assign: clear the ones an earlier call on this consumer left.
+    consumer.resume(assigned)
+    heads: dict[TP, Head] = {}
     deadline = time.monotonic() + timeout_s
     try:
-        while len(high) < len(tps):
+        while len(heads) < len(positions):
             if time.monotonic() > deadline:
-                missing = [tp for tp in tps if tp not in high]
+                missing = [tp for tp in positions if tp not in heads]
                 raise KafkaReadError(f"no fetch answer within {timeout_s:g}s for {_fmt(missing)}")
             for msg in consumer.consume(500, _POLL_S):
                 topic, part = msg.topic(), msg.partition()
@@ -100,20 +116,60 @@ def probe_extents(consumer: Consumer, tps: list[TP], timeout_s: float) -> dict[T
                         continue
                     raise KafkaReadError(f"{topic}[{part}]: {err.str()}")
                 offset = msg.offset()
-                if offset is None or key in high:
+                if offset is None or key in heads or key not in positions:
                     continue
-                first.setdefault(key, offset)
                 if err is not None:  # end of partition: offset is the high watermark
-                    high[key] = offset
+                    heads[key] = Head(None, None, offset)
                 else:
                     hw = consumer.get_watermark_offsets(TopicPartition(topic, part), cached=True)
                     if hw[1] >= 0:
-                        high[key] = hw[1]
-                if key in high:
+                        heads[key] = Head(offset, msg.timestamp()[1], hw[1])
+                if key in heads:
                     consumer.pause([TopicPartition(topic, part)])
     finally:
         consumer.unassign()
-    return {tp: (min(first[tp], high[tp]), high[tp]) for tp in tps}
+    return heads
+
+
+def probe_extents(consumer: Consumer, tps: list[TP], timeout_s: float) -> dict[TP, tuple[int, int]]:
+    """(first offset, high watermark) of each partition, as seen by a real fetch."""
+    heads = read_heads(consumer, dict.fromkeys(tps, OFFSET_BEGINNING), timeout_s)
+    out: dict[TP, tuple[int, int]] = {}
+    for tp in tps:
+        head = heads[tp]
+        first = head.high if head.offset is None else min(head.offset, head.high)
+        out[tp] = (first, head.high)
+    return out
+
+
+def read_samples(
+    consumer: Consumer, wanted: Mapping[K, tuple[TP, int]], timeout_s: float
+) -> dict[K, Sample | None]:
+    """For each key, the first record at or after its (partition, offset): None at the end.
+
+    A consumer has one position per partition, so requests for the same partition are read
+    in successive rounds.
+    """
+    out: dict[K, Sample | None] = {}
+    pending = list(wanted.items())
+    while pending:
+        batch: dict[TP, list[K]] = {}
+        positions: dict[TP, int] = {}
+        rest = []
+        for key, (tp, offset) in pending:
+            if tp in positions and positions[tp] != offset:
+                rest.append((key, (tp, offset)))
+                continue
+            positions[tp] = offset
+            batch.setdefault(tp, []).append(key)
+        for tp, head in read_heads(consumer, positions, timeout_s).items():
+            sample = None
+            if head.offset is not None and head.timestamp_ms is not None:
+                sample = Sample(head.offset, head.timestamp_ms)
+            for key in batch[tp]:
+                out[key] = sample
+        pending = rest
+    return out
 
 
 def offsets_for_times(
