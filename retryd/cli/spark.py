@@ -175,7 +175,11 @@ def report(
 
 @spark_app.command()
 def archive(
-    out: Path = typer.Option(..., "--out", help="archive directory (date=YYYY-MM-DD/...)"),
+    out: str = typer.Option(
+        ...,
+        "--out",
+        help="archive directory, a path or a URI (file://, hdfs://, s3a://): date=YYYY-MM-DD/...",
+    ),
     config: Path | None = ConfigOption,
     topic: str | None = typer.Option(None, "--topic", help="topic to archive (default: failed)"),
     master: str | None = MasterOption,
@@ -195,7 +199,7 @@ def archive(
         spec = ArchiveSpec(
             kafka_conf=settings.kafka_common(),
             topic=topic or settings.failed_topic,
-            out_dir=out,
+            out=out,
             source=src,
             max_records_per_partition=max_records_per_partition,
         )
