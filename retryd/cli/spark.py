@@ -24,6 +24,8 @@ from retryd.policy.timespec import TimeWindow, parse_window
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from retryd.pipeline.archive import ArchiveSpec
+
 spark_app = typer.Typer(
     name="spark",
     help="Spark jobs over the retry and dead-letter topics (needs the spark extra, Java 17).",
@@ -182,6 +184,18 @@ def archive(
     ),
     config: Path | None = ConfigOption,
     topic: str | None = typer.Option(None, "--topic", help="topic to archive (default: failed)"),
+    continuous: bool = typer.Option(
+        False, "--continuous", help="keep archiving new records (a streaming query) until stopped"
+    ),
+    checkpoint: str | None = typer.Option(
+        None, "--checkpoint", help="--continuous: the query's checkpoint directory (path or URI)"
+    ),
+    trigger: str = typer.Option(
+        "10s", "--trigger", help="--continuous: how often to look for new records (e.g. 10s, 1m)"
+    ),
+    max_offsets_per_trigger: int | None = typer.Option(
+        None, "--max-offsets-per-trigger", min=1, help="--continuous: cap each micro-batch"
+    ),
     master: str | None = MasterOption,
     source: str = SourceOption,
     max_records_per_partition: int | None = ChunkOption,
@@ -191,6 +205,7 @@ def archive(
     """Append what is new in failed_topic to a Parquet archive (exactly once per record)."""
     settings = settings_or_exit(config, bootstrap_servers=bootstrap_servers)
     conf, src = _parse_conf(spark_conf), _source(source)
+    trigger_s = _continuous_options(continuous, checkpoint, trigger)
     console = Console()
     with _job_errors(), spark_session(master, conf, console) as spark:
         from retryd.pipeline.archive import ArchiveSpec, run_archive
@@ -203,6 +218,9 @@ def archive(
             source=src,
             max_records_per_partition=max_records_per_partition,
         )
+        if continuous and checkpoint is not None:
+            _archive_continuously(spark, spec, checkpoint, trigger_s, max_offsets_per_trigger)
+            return
         with JobProgress(spark, Console(stderr=True)) as progress:
             result = run_archive(spark, spec, progress)
         summary = {
@@ -212,6 +230,69 @@ def archive(
             "files": len(result.files),
         }
         console.print_json(json.dumps(summary))
+
+
+def _continuous_options(continuous: bool, checkpoint: str | None, trigger: str) -> float:
+    """Check the --continuous options before Spark starts; the trigger interval in seconds."""
+    from retryd.policy.timespec import parse_duration
+
+    problem = None
+    if continuous and not checkpoint:
+        problem = "--continuous needs --checkpoint DIR (where the query keeps its progress)"
+    elif checkpoint and not continuous:
+        problem = "--checkpoint is for --continuous runs"
+    if problem is None:
+        try:
+            trigger_ms = parse_duration(trigger)
+        except TimeSpecError as exc:
+            problem = f"--trigger: {exc}"
+        else:
+            if trigger_ms < 100:
+                problem = f"--trigger {trigger!r} is too short (at least 100ms)"
+    if problem is not None:
+        typer.echo(f"retryd: {problem}", err=True)
+        raise typer.Exit(2)
+    return trigger_ms / 1000
+
+
+def _archive_continuously(
+    spark: SparkSession,
+    spec: ArchiveSpec,
+    checkpoint: str,
+    trigger_s: float,
+    max_offsets_per_trigger: int | None,
+) -> None:
+    """Run the streaming archive until SIGTERM/SIGINT, one line per archived batch."""
+    import signal
+    import threading
+
+    from retryd.pipeline.continuous import BatchReport, ContinuousSpec, run_continuous
+
+    console = Console()
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        console.print(f"{signal.Signals(signum).name}: stopping after the running micro-batch")
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
+
+    def on_batch(report: BatchReport) -> None:
+        console.print(
+            f"batch {report.batch}: {report.records} records in {report.files} files "
+            f"(micro-batch {report.micro_batch}, {report.seconds:.1f}s)",
+            soft_wrap=True,
+        )
+
+    console.print(
+        f"archiving {spec.topic} to {spec.out} every {trigger_s:g}s "
+        f"(checkpoint {checkpoint}); SIGTERM or Ctrl-C stops",
+        soft_wrap=True,
+    )
+    cspec = ContinuousSpec(spec, checkpoint, trigger_s, max_offsets_per_trigger)
+    result = run_continuous(spark, cspec, stop, on_batch)
+    console.print_json(json.dumps({"batches": len(result.batches), "records": result.records}))
 
 
 @spark_app.command()

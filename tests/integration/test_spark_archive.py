@@ -25,7 +25,7 @@ from retryd.pipeline.archive import (
 from retryd.pipeline.archive_state import ArchiveState
 from retryd.pipeline.hadoopfs import HadoopFS
 from retryd.pipeline.progress import JobProgress
-from tests.integration.spark_support import dead_letter, spark  # noqa: F401
+from tests.integration.spark_support import assert_exactly_once, dead_letter, spark  # noqa: F401
 from tests.support import create_topics, unique, wait_for
 
 pytestmark = pytest.mark.spark
@@ -58,18 +58,6 @@ def produce_dead(bootstrap: str, topic: str, start: int, count: int, ts: int) ->
 def archive(spark, spec: ArchiveSpec):  # type: ignore[no-untyped-def]  # noqa: F811
     with JobProgress(spark, Console(file=io.StringIO())) as progress:
         return run_archive(spark, spec, progress)
-
-
-def archived(spark, out: Path) -> list[tuple[int, int, bytes]]:  # noqa: F811
-    rows = spark.read.parquet(str(out)).select("partition", "offset", "value").collect()
-    return sorted((r["partition"], r["offset"], bytes(r["value"])) for r in rows)
-
-
-def assert_exactly_once(spark, out: Path, produced: int) -> None:  # noqa: F811
-    rows = archived(spark, out)
-    keys = [(p, o) for p, o, _ in rows]
-    assert len(keys) == len(set(keys)), "a record was archived twice"
-    assert sorted(v for _, _, v in rows) == sorted(b"value-%d" % i for i in range(produced))
 
 
 @PATH_STYLES
