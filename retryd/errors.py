@@ -22,10 +22,6 @@ class SequenceError(ConfigError):
         super().__init__([message])
 
 
-class TimeSpecError(RetrydError):
-    """A point in time or a duration (``--since 2h``, ``--until 2024-05-01``) cannot be parsed."""
-
-
 class HeaderError(RetrydError):
     """A retryd header is missing or unparsable (the message is dead-lettered as malformed)."""
 
@@ -51,3 +47,7 @@ class NonRetryableError(Exception):
 
     Deliberately not a ``RetrydError``: it is a signal from business code, not a retryd failure.
     """
+
+
+class TimeSpecError(RetrydError):
+    """A point in time or a duration (``--since 2h``, ``--until 2024-05-01``) cannot be parsed."""

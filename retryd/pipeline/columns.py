@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -212,32 +213,67 @@ def _timestamps(stamps: list[tuple[int, int]], n: int) -> tuple[pa.Array, pa.Arr
     return micros, kind_col
 
 
-def _headers(all_headers: list[Any], n: int) -> tuple[pa.Array, dict[str, list[Any]]]:
-    """The headers column and the parsed retryd columns. Only records that carry headers are
-    visited one by one; the rest cost a length each."""
-    lengths = [len(hs) if hs else 0 for hs in all_headers]
-    keys: list[str] = []
-    values: list[bytes | None] = []
-    parsed: dict[str, list[Any]] = {name: [None] * n for name in PARSED_COLUMNS}
-    specs = HEADER_COLUMNS
-    for i, hs in enumerate(all_headers):
-        if not hs:
+_HEADER_NAMES = pa.array(list(HEADER_COLUMNS), pa.string())
+_HEADERS_TYPE = ARROW_SCHEMA.field("headers").type
+_SAFE_DIGITS = 18  # any number of up to 18 decimal digits fits in an int64
+
+
+def _headers(all_headers: list[Any], n: int) -> tuple[pa.Array, dict[str, pa.Array]]:
+    """The headers column and the parsed retryd columns.
+
+    Arrow converts the header lists in one call; finding the retryd headers, keeping the last
+    occurrence per record and parsing the values is vectorised (``_parse_headers``).
+    """
+    column = pa.array([hs or () for hs in all_headers], type=_HEADERS_TYPE)
+    return column, _parse_headers(column, n)
+
+
+def _parse_headers(column: pa.ListArray, n: int) -> dict[str, pa.Array]:
+    """Parsed retryd columns from the headers column; the same values as
+    ``parse_retryd_headers`` record by record (the last occurrence of a header wins, a bad
+    value is null)."""
+    out = {name: pa.nulls(n, ARROW_SCHEMA.field(name).type) for name in PARSED_COLUMNS}
+    items = column.values
+    if len(items) == 0:
+        return out
+    keys, values = items.field("key"), items.field("value")
+    which = pc.fill_null(pc.index_in(keys, value_set=_HEADER_NAMES), -1).to_numpy()
+    owners = pc.list_parent_indices(column).to_numpy()
+    for i, (name, kind) in enumerate(HEADER_COLUMNS.values()):
+        found = np.flatnonzero(which == i)
+        if found.size == 0:
             continue
-        names, raws = zip(*hs, strict=True)
-        keys.extend(names)
-        values.extend(raws)
-        for key, raw in hs:  # parse_retryd_headers, inlined: no dict per record
-            spec = specs.get(key)
-            if spec is not None:
-                parsed[spec[0]][i] = _parse_value(raw, spec[1])
-    offsets = pa.concat_arrays(
-        [pa.array([0], pa.int32()), pc.cumulative_sum(pa.array(lengths, pa.int32()))]
-    )
-    items = pa.StructArray.from_arrays(
-        [pa.array(keys, pa.string()), pa.array(values, pa.binary())], fields=list(HEADER_TYPE)
-    )
-    column = pa.ListArray.from_arrays(offsets, items, type=ARROW_SCHEMA.field("headers").type)
-    return column, parsed
+        records = owners[found]
+        last = np.append(records[1:] != records[:-1], True)  # items are in record order
+        found, records = found[last], records[last]
+        parsed = _parse_array(values.take(pa.array(found)), kind, ARROW_SCHEMA.field(name).type)
+        where = np.full(n, -1, dtype=np.int64)
+        where[records] = np.arange(len(records))
+        out[name] = parsed.take(pa.array(where, mask=where < 0))
+    return out
+
+
+def _parse_array(raw: pa.Array, kind: str, arrow_type: pa.DataType) -> pa.Array:
+    """``_parse_value`` over a whole array: vectorised, with a per-value fallback for the
+    rare inputs Arrow cannot convert (invalid UTF-8, numbers of more than 18 digits)."""
+    if kind == "str":
+        try:
+            return raw.cast(pa.string())
+        except pa.ArrowInvalid:
+            return pa.array([_parse_value(v, kind) for v in raw.to_pylist()], arrow_type)
+    # A byte-for-byte view as text (no UTF-8 check): a non-ASCII byte is never a decimal digit.
+    text = raw.view(pa.string())
+    digits = pc.fill_null(pc.ascii_is_decimal(text), False)
+    short = pc.fill_null(pc.less_equal(pc.binary_length(raw), _SAFE_DIGITS), False)
+    if pc.any(pc.and_(digits, pc.invert(short))).as_py():
+        return pa.array([_parse_value(v, kind) for v in raw.to_pylist()], arrow_type)
+    numbers = pc.if_else(digits, text, None).cast(pa.int64())
+    if kind == "int32":
+        return pc.if_else(pc.less_equal(numbers, INT32_MAX), numbers, None).cast(pa.int32())
+    if kind == "int64":
+        return numbers
+    in_range = pc.less_equal(numbers, MAX_EPOCH_MS)  # ts: epoch ms -> us
+    return pc.if_else(in_range, pc.multiply(numbers, 1000), None).cast(_TS)
 
 
 def build_batch(msgs: Sequence[KafkaMessage]) -> pa.RecordBatch:
@@ -260,8 +296,7 @@ def build_batch(msgs: Sequence[KafkaMessage]) -> pa.RecordBatch:
         "value": pa.array([m.value() for m in msgs], pa.binary()),
         "headers": headers,
     }
-    for name in PARSED_COLUMNS:
-        columns[name] = pa.array(parsed[name], ARROW_SCHEMA.field(name).type)
+    columns.update(parsed)
     return pa.RecordBatch.from_arrays([columns[f.name] for f in ARROW_SCHEMA], schema=ARROW_SCHEMA)
 
 
