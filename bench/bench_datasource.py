@@ -36,6 +36,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import confluent_kafka
+import pyarrow
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -46,6 +48,13 @@ from retryd.policy.headers import Envelope, routed_headers  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 SPARK_CONF = {"spark.ui.enabled": "false"}
+# Recorded with the results: what the session actually ran with (retryd's defaults included).
+EFFECTIVE_CONF = (
+    "spark.master",
+    "spark.python.worker.reuse",
+    "spark.sql.execution.arrow.pyspark.enabled",
+    "spark.sql.session.timeZone",
+)
 
 
 def produce(bootstrap: str, topic: str, records: int, partitions: int, with_headers: int) -> float:
@@ -210,6 +219,7 @@ def run(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
                     log(f"session {session + 1}: {kind:10s} {count:,} records in {seconds:.2f}s")
                     raw_pair()
                 spark_version = spark.version
+                effective = {k: spark.conf.get(k, "(default)") for k in EFFECTIVE_CONF}
             finally:
                 if reused is None:
                     stop_session(spark)
@@ -227,7 +237,10 @@ def run(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
             "broker": "external" if args.bootstrap else "embedded tansu",
             "master": args.master,
             "spark_version": spark_version,
-            "spark_conf": SPARK_CONF,
+            "spark_conf": {**SPARK_CONF, **effective},
+            "confluent_kafka": confluent_kafka.__version__,
+            "librdkafka": confluent_kafka.libversion()[0],
+            "pyarrow": pyarrow.__version__,
             "reader_fetch_tuning": READ_TUNING,
             "batch_rows": DEFAULT_BATCH_ROWS,
             "cpus": os.cpu_count(),

@@ -8,9 +8,11 @@ some Kafka-compatible brokers; the same path is correct on Apache Kafka.
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from collections.abc import Hashable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -265,6 +267,28 @@ READ_TUNING: dict[str, object] = {
 _CONSUME_BATCH = 10_000
 
 
+# Generation-0 threshold while a range is read (CPython's default is 700 allocations).
+GC_THRESHOLD0 = 50_000
+
+
+@contextmanager
+def fewer_gc_passes(threshold0: int = GC_THRESHOLD0) -> Iterator[None]:
+    """Run the cyclic garbage collector less often for the duration.
+
+    A read allocates millions of small objects (a Message per record, a tuple per header)
+    and holds a batch's worth alive: with the default threshold the collector runs every 700
+    allocations and keeps re-scanning the survivors, which measured 40% of a task's CPU when
+    every record carries headers. None of these objects form cycles (reference counting
+    frees them), so fewer passes change nothing but the time. Restored on exit.
+    """
+    old = gc.get_threshold()
+    gc.set_threshold(max(old[0], threshold0), *old[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*old)
+
+
 def read_range(
     conf: Mapping[str, str], rng: OffsetRange, batch_rows: int, timeout_s: float
 ) -> Iterator[pa.RecordBatch]:
@@ -277,6 +301,13 @@ def read_range(
     """
     if rng.span == 0:
         return
+    with fewer_gc_passes():
+        yield from _read_range(conf, rng, batch_rows, timeout_s)
+
+
+def _read_range(
+    conf: Mapping[str, str], rng: OffsetRange, batch_rows: int, timeout_s: float
+) -> Iterator[pa.RecordBatch]:
     consumer = range_consumer(conf, **READ_TUNING)
     builder = BatchBuilder()
     position = rng.start
