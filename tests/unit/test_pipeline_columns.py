@@ -179,3 +179,15 @@ def test_native_options_mapping() -> None:
 )
 def test_java_major(text: str, major: int | None) -> None:
     assert java_major(text) == major
+
+
+def test_fewer_gc_passes_is_scoped() -> None:
+    import gc
+
+    from retryd.pipeline.kafka_io import fewer_gc_passes
+
+    before = gc.get_threshold()
+    with pytest.raises(RuntimeError), fewer_gc_passes(123_456):
+        assert gc.get_threshold() == (max(before[0], 123_456), *before[1:])
+        raise RuntimeError("a read failed")
+    assert gc.get_threshold() == before
