@@ -1,18 +1,25 @@
 """``retryd spark archive --continuous``: the archive as a streaming query, exactly once
-across a SIGKILL in the middle of a micro-batch and a restart from the checkpoint."""
+across a SIGKILL in the middle of a micro-batch and a restart from the checkpoint, and when
+batch and continuous runs take turns on one archive."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
+from retryd.pipeline.archive import ArchiveSpec, run_archive
+from retryd.pipeline.continuous import BatchReport, ContinuousSpec, run_continuous
+from retryd.pipeline.progress import JobProgress
 from tests.integration.spark_support import assert_exactly_once, dead_letter, spark  # noqa: F401
 from tests.support import create_topics, produce, unique, wait_for
 
@@ -77,7 +84,7 @@ def test_killed_mid_batch_and_restarted(spark, bootstrap: str, tmp_path: Path) -
         str(Path(sys.executable).parent / "retryd"), "spark", "archive", "--continuous",
         "--out", out.as_uri(), "--checkpoint", str(checkpoint), "--trigger", f"{TRIGGER_S}s",
         "--topic", topic, "--bootstrap-servers", bootstrap, "--master", "local[2]",
-        "--max-records-per-partition", "200", "--spark-conf", "spark.ui.enabled=false",
+        "--max-records-per-partition", "100", "--spark-conf", "spark.ui.enabled=false",
     ]  # fmt: skip
 
     def tail() -> str:
@@ -101,7 +108,7 @@ def test_killed_mid_batch_and_restarted(spark, bootstrap: str, tmp_path: Path) -
         assert picked_up_s < TRIGGER_S + 3, (picked_up_s, newest)
 
         # SIGKILL while a micro-batch is being written
-        produce_dead(bootstrap, topic, 41, 800)
+        produce_dead(bootstrap, topic, 41, 400)
         batch = newest["batch"] + 1
         staging = out / "_staging" / f"batch-{batch}"
         wait_for(lambda: staging.exists() or first.poll() is not None, 60, 0.01, "writing")
@@ -112,17 +119,41 @@ def test_killed_mid_batch_and_restarted(spark, bootstrap: str, tmp_path: Path) -
     finally:
         kill(first)
 
-    produce_dead(bootstrap, topic, 841, 30)  # arrives while nothing runs
+    produce_dead(bootstrap, topic, 441, 30)  # arrives while nothing runs
     second = start(cmd, log)
     try:
-        wait_for(lambda: archived(out) >= 871 or second.poll() is not None, 180, 0.1, "all")
+        wait_for(lambda: archived(out) >= 471 or second.poll() is not None, 180, 0.1, "all")
         assert second.poll() is None, tail()
         assert terminate(second) == 0, tail()
     finally:
         kill(second)
-    assert archived(out) == 871
-    assert_exactly_once(spark, out, 871)
+    assert archived(out) == 471
+    assert_exactly_once(spark, out, 471)
     assert not list((out / "_staging").glob("*")), "a micro-batch left staged files behind"
     text = tail()
     assert "SIGTERM: stopping after the running micro-batch" in text
     assert '"records":' in text.replace(" ", "")
+
+    # a batch run on the same archive continues from the continuous run's commits
+    produce_dead(bootstrap, topic, 471, 20)
+    spec = ArchiveSpec({"bootstrap.servers": bootstrap}, topic, str(out))
+    with JobProgress(spark, Console(file=io.StringIO())) as progress:
+        assert run_archive(spark, spec, progress).records == 20
+    assert_exactly_once(spark, out, 491)
+
+    # the query's checkpoint is now behind the archive: it re-reads those 20 and drops them
+    produce_dead(bootstrap, topic, 491, 5)
+    stop = threading.Event()
+    watchdog = threading.Timer(120, stop.set)
+    watchdog.start()
+
+    def on_batch(report: BatchReport) -> None:
+        stop.set()
+
+    try:
+        cspec = ContinuousSpec(spec, str(checkpoint), trigger_s=1)
+        result = run_continuous(spark, cspec, stop, on_batch)
+    finally:
+        watchdog.cancel()
+    assert [b.records for b in result.batches] == [5]
+    assert_exactly_once(spark, out, 496)
