@@ -133,7 +133,10 @@ class HadoopFS:
         out = self._call("create", tmp, self.fs.create, self._path(tmp), False)
         try:
             self._call("write", tmp, out.write, bytearray(data))
-            self._call("flush", tmp, out.hsync)
+            try:
+                out.hsync()  # durable before the rename publishes it (HDFS, local)
+            except Exception as exc:  # object stores may refuse: their close() is the commit
+                log.debug("hsync of %s not supported: %s", self.child_uri(tmp), exc)
         finally:
             out.close()
         try:
