@@ -1,13 +1,24 @@
 """Benchmark: the retryd_kafka data source against a single-process confluent-kafka scan.
 
-Produces N small records (default 1,000,000) to a fresh topic on the embedded broker (or
-``--bootstrap`` / ``RETRYD_TEST_BOOTSTRAP``), then in the same run reads them
+Produces N small records (default 1,000,000, ~100 B values, 4 partitions, 1 in 10 with retryd
+headers) to a fresh topic on the embedded broker (or ``--bootstrap`` / ``RETRYD_TEST_BOOTSTRAP``),
+then, in the same run and interleaved so that load from other processes hits both sides alike:
 
-1. through Spark with the ``retryd_kafka`` source: ``count(*)`` and ``sum(length(value))``;
-2. with one Python process and confluent-kafka ``consume()`` batches: the same two numbers;
+- **raw (default)**: one Python process, one consumer assigned all partitions, ``consume()``
+  batches of 10,000, librdkafka's default fetch settings: records and value bytes;
+- **raw (tuned)**: the same loop with the fetch settings the data source uses
+  (``retryd.pipeline.kafka_io.READ_TUNING``), so fetch tuning alone cannot explain a ratio;
+- **Spark, cold**: the first read of a fresh SparkSession (Python workers start, JIT is cold):
+  ``count(*)`` and ``sum(length(value))`` through ``spark.read.format("retryd_kafka")``;
+- **Spark, warm**: further reads in the same session.
 
-and prints records/s for both and their ratio. Results go to ``bench/results/*.json``.
-Not part of the test suite: ``python bench/bench_datasource.py [--records N]``.
+Each of ``--runs`` sessions gives one cold and two warm samples, every Spark read is followed
+by both raw scans. Reported: medians, and ratios raw/Spark of the medians (>1: Spark faster).
+Results go to ``bench/results/datasource-<time>.json``.
+
+``--quick`` runs the whole harness on 20,000 records with one session in seconds: a smoke
+test that the harness works (the test suite runs it, in its own Spark session, which the
+harness then uses instead of starting one), not a measurement.
 """
 
 from __future__ import annotations
@@ -16,19 +27,34 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import sys
 import time
 import uuid
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import confluent_kafka
+import pyarrow
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from retryd.policy.headers import Envelope, routed_headers
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from retryd.policy.headers import Envelope, routed_headers  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results"
+SPARK_CONF = {"spark.ui.enabled": "false"}
+# Recorded with the results: what the session actually ran with (retryd's defaults included).
+EFFECTIVE_CONF = (
+    "spark.master",
+    "spark.python.worker.reuse",
+    "spark.sql.execution.arrow.pyspark.enabled",
+    "spark.sql.session.timeZone",
+)
 
 
 def produce(bootstrap: str, topic: str, records: int, partitions: int, with_headers: int) -> float:
@@ -73,7 +99,9 @@ def produce(bootstrap: str, topic: str, records: int, partitions: int, with_head
     return time.monotonic() - started
 
 
-def raw_scan(bootstrap: str, topic: str, partitions: int) -> tuple[int, int, float]:
+def raw_scan(
+    bootstrap: str, topic: str, partitions: int, tuning: Mapping[str, Any] | None = None
+) -> tuple[int, int, float]:
     """One process, no Spark: (records, value bytes, seconds) reading every partition to EOF."""
     consumer = Consumer(
         {
@@ -83,6 +111,7 @@ def raw_scan(bootstrap: str, topic: str, partitions: int) -> tuple[int, int, flo
             "enable.partition.eof": True,
             "auto.offset.reset": "earliest",
             "fetch.wait.max.ms": 100,
+            **(tuning or {}),
         }
     )
     started = time.monotonic()
@@ -115,77 +144,147 @@ def spark_read(spark: Any, bootstrap: str, topic: str, chunk: int | None) -> tup
     return int(row[0]), int(row[1] or 0), time.monotonic() - started
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--records", type=int, default=1_000_000)
-    parser.add_argument("--partitions", type=int, default=4)
-    parser.add_argument("--chunk", type=int, default=250_000, help="maxRecordsPerPartition")
-    parser.add_argument("--with-headers", type=int, default=10, help="1 in N records (0: none)")
-    parser.add_argument("--master", default="local[*]")
-    parser.add_argument("--bootstrap", default=os.environ.get("RETRYD_TEST_BOOTSTRAP"))
-    args = parser.parse_args()
+def active_session() -> Any:
+    """A SparkSession already running in this process (then it is used, and not stopped)."""
+    from pyspark.sql import SparkSession
 
+    return SparkSession.getActiveSession()
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def summarize(samples: dict[str, list[float]]) -> dict[str, Any]:
+    """Medians per series and the ratios raw/Spark of the medians (>= 0.8 is the target)."""
+    med = {name: median(values) for name, values in samples.items()}
+    ratios = {
+        f"{raw}_over_{spark}": round(med[raw] / med[spark], 3)
+        for raw in ("raw_default", "raw_tuned")
+        for spark in ("spark_warm", "spark_cold")
+        if samples.get(raw) and samples.get(spark)
+    }
+    return {
+        "median_seconds": {k: round(v, 3) for k, v in med.items()},
+        "samples_seconds": {k: [round(x, 3) for x in v] for k, v in samples.items()},
+        "ratios": ratios,
+    }
+
+
+def run(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
     from retryd.kafka.embedded import EmbeddedBroker
+    from retryd.pipeline.kafka_io import READ_TUNING
     from retryd.pipeline.session import build_session, check_runtime, stop_session
 
     check_runtime(os.environ)
     broker = None if args.bootstrap else EmbeddedBroker().start()
     bootstrap = args.bootstrap or broker.bootstrap  # type: ignore[union-attr]
-    spark = None
+    samples: dict[str, list[float]] = {
+        k: [] for k in ("raw_default", "raw_tuned", "spark_cold", "spark_warm")
+    }
     try:
         topic = f"bench-{uuid.uuid4().hex[:8]}"
         admin = AdminClient({"bootstrap.servers": bootstrap})
         admin.create_topics([NewTopic(topic, args.partitions, 1)])[topic].result(30)
-        print(f"producing {args.records:,} records to {topic} ({args.partitions} partitions)...")
+        log(f"producing {args.records:,} records to {topic} ({args.partitions} partitions)...")
         produce_s = produce(bootstrap, topic, args.records, args.partitions, args.with_headers)
-        print(f"  produced in {produce_s:.1f}s ({args.records / produce_s:,.0f} records/s)")
+        log(f"  produced in {produce_s:.1f}s ({args.records / produce_s:,.0f} records/s)")
+        expected: tuple[int, int] | None = None
 
-        raw_count, raw_bytes, raw_s = raw_scan(bootstrap, topic, args.partitions)
-        print(f"raw confluent-kafka scan: {raw_count:,} records in {raw_s:.2f}s")
+        def raw_pair() -> None:
+            nonlocal expected
+            for name, tuning in (("raw_default", None), ("raw_tuned", READ_TUNING)):
+                count, size, seconds = raw_scan(bootstrap, topic, args.partitions, tuning)
+                if expected is None:
+                    expected = (count, size)
+                if (count, size) != expected or count != args.records:
+                    raise SystemExit(f"raw scan read {count}/{size}, expected {expected}")
+                samples[name].append(seconds)
+                log(f"  {name:12s} {count:,} records in {seconds:.2f}s")
 
-        t0 = time.monotonic()
-        spark = build_session(args.master, "retryd-bench", {"spark.ui.enabled": "false"})
-        start_s = time.monotonic() - t0
-        runs = []
-        for attempt in ("cold", "warm"):
-            count, size, seconds = spark_read(spark, bootstrap, topic, args.chunk)
-            runs.append({"run": attempt, "records": count, "value_bytes": size, "seconds": seconds})
-            print(f"retryd_kafka via Spark ({attempt}): {count:,} records in {seconds:.2f}s")
-            if (count, size) != (raw_count, raw_bytes):
-                raise SystemExit(f"mismatch: spark {count}/{size} vs raw {raw_count}/{raw_bytes}")
-        best = min(r["seconds"] for r in runs)
-        result = {
+        session_start: list[float] = []
+        for session in range(args.runs):
+            raw_pair()
+            t0 = time.monotonic()
+            reused = active_session()  # e.g. the test suite's: reads are then never cold
+            spark = reused or build_session(args.master, "retryd-bench", SPARK_CONF)
+            session_start.append(time.monotonic() - t0)
+            try:
+                for attempt in range(1 + args.warm):
+                    kind = "spark_cold" if attempt == 0 else "spark_warm"
+                    count, size, seconds = spark_read(spark, bootstrap, topic, args.chunk)
+                    if (count, size) != expected:
+                        raise SystemExit(f"mismatch: spark {count}/{size} vs raw {expected}")
+                    samples[kind].append(seconds)
+                    log(f"session {session + 1}: {kind:10s} {count:,} records in {seconds:.2f}s")
+                    raw_pair()
+                spark_version = spark.version
+                effective = {k: spark.conf.get(k, "(default)") for k in EFFECTIVE_CONF}
+            finally:
+                if reused is None:
+                    stop_session(spark)
+        from retryd.pipeline.options import DEFAULT_BATCH_ROWS
+
+        return {
             "when": datetime.now(UTC).isoformat(timespec="seconds"),
+            "quick": args.quick,
             "records": args.records,
             "partitions": args.partitions,
             "max_records_per_partition": args.chunk,
             "headers_one_in": args.with_headers,
+            "sessions": args.runs,
+            "warm_reads_per_session": args.warm,
             "broker": "external" if args.bootstrap else "embedded tansu",
             "master": args.master,
-            "spark_version": spark.version,
+            "spark_version": spark_version,
+            "spark_conf": {**SPARK_CONF, **effective},
+            "confluent_kafka": confluent_kafka.__version__,
+            "librdkafka": confluent_kafka.libversion()[0],
+            "pyarrow": pyarrow.__version__,
+            "reader_fetch_tuning": READ_TUNING,
+            "batch_rows": DEFAULT_BATCH_ROWS,
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
             "produce_records_per_s": round(args.records / produce_s),
-            "raw_scan": {"seconds": raw_s, "records_per_s": round(raw_count / raw_s)},
-            "spark_session_start_s": start_s,
-            "spark_runs": runs,
-            "spark_records_per_s": round(raw_count / best),
-            "ratio_spark_to_raw": round(raw_s / best, 3),
+            "spark_session_start_s": [round(x, 2) for x in session_start],
+            "spark_session_reused": reused is not None,
+            **summarize(samples),
         }
-        print(
-            f"\nraw scan {result['raw_scan']['records_per_s']:,} records/s | "
-            f"retryd_kafka {result['spark_records_per_s']:,} records/s | "
-            f"ratio {result['ratio_spark_to_raw']:.2f}x"
-        )
-        RESULTS.mkdir(parents=True, exist_ok=True)
-        out = RESULTS / f"datasource-{datetime.now(UTC):%Y%m%dT%H%M%SZ}.json"
-        out.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"results written to {out}")
     finally:
-        if spark is not None:
-            stop_session(spark)
         if broker is not None:
             broker.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--chunk", type=int, default=250_000, help="maxRecordsPerPartition")
+    parser.add_argument("--with-headers", type=int, default=10, help="1 in N records (0: none)")
+    parser.add_argument("--runs", type=int, default=3, help="Spark sessions (one cold read each)")
+    parser.add_argument("--warm", type=int, default=2, help="warm reads per session")
+    parser.add_argument("--master", default="local[*]")
+    parser.add_argument("--bootstrap", default=os.environ.get("RETRYD_TEST_BOOTSTRAP"))
+    parser.add_argument("--results-dir", type=Path, default=None, help="default: bench/results")
+    parser.add_argument("--quick", action="store_true", help="smoke test of the harness")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.records, args.chunk, args.runs, args.warm = 20_000, 5_000, 1, 1
+    result = run(args, lambda line: print(line, flush=True))
+    med, ratios = result["median_seconds"], result["ratios"]
+    print(
+        f"\nmedians: raw default {med['raw_default']:.2f}s, raw tuned {med['raw_tuned']:.2f}s, "
+        f"spark warm {med['spark_warm']:.2f}s, spark cold {med['spark_cold']:.2f}s"
+    )
+    for name, value in ratios.items():
+        print(f"ratio {name}: {value:.2f}x")
+    if not args.quick or args.results_dir is not None:
+        folder = args.results_dir or RESULTS
+        folder.mkdir(parents=True, exist_ok=True)
+        out = folder / f"datasource-{datetime.now(UTC):%Y%m%dT%H%M%SZ}.json"
+        out.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"results written to {out}")
+    return 0
 
 
 if __name__ == "__main__":

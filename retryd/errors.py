@@ -64,3 +64,7 @@ class NonRetryableError(Exception):
 
     Deliberately not a ``RetrydError``: it is a signal from business code, not a retryd failure.
     """
+
+
+class TimeSpecError(RetrydError):
+    """A point in time or a duration (``--since 2h``, ``--until 2024-05-01``) cannot be parsed."""

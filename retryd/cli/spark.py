@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,10 +18,13 @@ import typer
 from rich.console import Console
 
 from retryd.cli.app import ConfigOption, app, settings_or_exit
-from retryd.errors import RetrydError
+from retryd.errors import RetrydError, TimeSpecError
+from retryd.policy.timespec import TimeWindow, parse_window
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+    from retryd.pipeline.archive import ArchiveSpec
 
 spark_app = typer.Typer(
     name="spark",
@@ -41,6 +45,13 @@ ChunkOption = typer.Option(
 )
 ConfOption = typer.Option(None, "--spark-conf", help="extra Spark setting KEY=VALUE (repeatable)")
 BootstrapOption = typer.Option(None, "--bootstrap-servers")
+_TIME_FORMS = "ISO-8601 (2024-05-01T10:00Z, UTC if no offset) or relative (30m, 2h, 7d)"
+SinceOption = typer.Option(
+    None, "--since", help=f"only dead letters stamped at/after this time: {_TIME_FORMS}"
+)
+UntilOption = typer.Option(
+    None, "--until", help=f"only dead letters stamped before this time: {_TIME_FORMS}"
+)
 
 
 def _parse_conf(items: list[str] | None) -> dict[str, str]:
@@ -52,6 +63,27 @@ def _parse_conf(items: list[str] | None) -> dict[str, str]:
             raise typer.Exit(2)
         out[key.strip()] = value
     return out
+
+
+def _window(
+    since: str | None,
+    until: str | None,
+    since_ms: int | None = None,
+    until_ms: int | None = None,
+) -> TimeWindow:
+    """The time window of --since/--until (both resolved against one 'now'); exit 2 when a
+    value cannot be parsed. The older --since-ms/--until-ms (epoch ms) still work."""
+    try:
+        if since_ms is not None or until_ms is not None:
+            if since is not None or until is not None:
+                raise TimeSpecError("give --since/--until or --since-ms/--until-ms, not both")
+            if since_ms is not None and until_ms is not None and since_ms >= until_ms:
+                raise TimeSpecError(f"--since-ms {since_ms} is not before --until-ms {until_ms}")
+            return TimeWindow(since_ms, until_ms)
+        return parse_window(since, until, int(time.time() * 1000))
+    except TimeSpecError as exc:
+        typer.echo(f"retryd: {exc}", err=True)
+        raise typer.Exit(2) from None
 
 
 def _source(name: str) -> str:
@@ -108,9 +140,11 @@ def report(
     config: Path | None = ConfigOption,
     master: str | None = MasterOption,
     source: str = SourceOption,
-    top: int = typer.Option(20, "--top", min=1, help="how many error messages to list"),
-    since_ms: int | None = typer.Option(None, min=0, help="dead-lettered at/after (epoch ms)"),
-    until_ms: int | None = typer.Option(None, min=0, help="dead-lettered before (epoch ms)"),
+    top: int = typer.Option(20, "--top", min=1, help="how many failure modes to list"),
+    since: str | None = SinceOption,
+    until: str | None = UntilOption,
+    since_ms: int | None = typer.Option(None, min=0, hidden=True, help="epoch ms (--since)"),
+    until_ms: int | None = typer.Option(None, min=0, hidden=True, help="epoch ms (--until)"),
     max_records_per_partition: int | None = ChunkOption,
     spark_conf: list[str] | None = ConfOption,
     bootstrap_servers: str | None = BootstrapOption,
@@ -118,6 +152,7 @@ def report(
     """Dead letters by topic/class/reason/hour, the retry funnel and top error messages."""
     settings = settings_or_exit(config, bootstrap_servers=bootstrap_servers)
     conf, src = _parse_conf(spark_conf), _source(source)
+    window = _window(since, until, since_ms, until_ms)
     console = Console(stderr=False)
     with _job_errors(), spark_session(master, conf, console) as spark:
         from retryd.pipeline.progress import JobProgress
@@ -131,8 +166,7 @@ def report(
             top_n=top,
             source=src,
             max_records_per_partition=max_records_per_partition,
-            since_ms=since_ms,
-            until_ms=until_ms,
+            window=window,
         )
         clear_output(out)
         with JobProgress(spark, Console(stderr=True)) as progress:
@@ -143,9 +177,25 @@ def report(
 
 @spark_app.command()
 def archive(
-    out: Path = typer.Option(..., "--out", help="archive directory (date=YYYY-MM-DD/...)"),
+    out: str = typer.Option(
+        ...,
+        "--out",
+        help="archive directory, a path or a URI (file://, hdfs://, s3a://): date=YYYY-MM-DD/...",
+    ),
     config: Path | None = ConfigOption,
     topic: str | None = typer.Option(None, "--topic", help="topic to archive (default: failed)"),
+    continuous: bool = typer.Option(
+        False, "--continuous", help="keep archiving new records (a streaming query) until stopped"
+    ),
+    checkpoint: str | None = typer.Option(
+        None, "--checkpoint", help="--continuous: the query's checkpoint directory (path or URI)"
+    ),
+    trigger: str = typer.Option(
+        "10s", "--trigger", help="--continuous: how often to look for new records (e.g. 10s, 1m)"
+    ),
+    max_offsets_per_trigger: int | None = typer.Option(
+        None, "--max-offsets-per-trigger", min=1, help="--continuous: cap each micro-batch"
+    ),
     master: str | None = MasterOption,
     source: str = SourceOption,
     max_records_per_partition: int | None = ChunkOption,
@@ -155,6 +205,7 @@ def archive(
     """Append what is new in failed_topic to a Parquet archive (exactly once per record)."""
     settings = settings_or_exit(config, bootstrap_servers=bootstrap_servers)
     conf, src = _parse_conf(spark_conf), _source(source)
+    trigger_s = _continuous_options(continuous, checkpoint, trigger)
     console = Console()
     with _job_errors(), spark_session(master, conf, console) as spark:
         from retryd.pipeline.archive import ArchiveSpec, run_archive
@@ -163,10 +214,13 @@ def archive(
         spec = ArchiveSpec(
             kafka_conf=settings.kafka_common(),
             topic=topic or settings.failed_topic,
-            out_dir=out,
+            out=out,
             source=src,
             max_records_per_partition=max_records_per_partition,
         )
+        if continuous and checkpoint is not None:
+            _archive_continuously(spark, spec, checkpoint, trigger_s, max_offsets_per_trigger)
+            return
         with JobProgress(spark, Console(stderr=True)) as progress:
             result = run_archive(spark, spec, progress)
         summary = {
@@ -178,6 +232,69 @@ def archive(
         console.print_json(json.dumps(summary))
 
 
+def _continuous_options(continuous: bool, checkpoint: str | None, trigger: str) -> float:
+    """Check the --continuous options before Spark starts; the trigger interval in seconds."""
+    from retryd.policy.timespec import parse_duration
+
+    problem = None
+    if continuous and not checkpoint:
+        problem = "--continuous needs --checkpoint DIR (where the query keeps its progress)"
+    elif checkpoint and not continuous:
+        problem = "--checkpoint is for --continuous runs"
+    if problem is None:
+        try:
+            trigger_ms = parse_duration(trigger)
+        except TimeSpecError as exc:
+            problem = f"--trigger: {exc}"
+        else:
+            if trigger_ms < 100:
+                problem = f"--trigger {trigger!r} is too short (at least 100ms)"
+    if problem is not None:
+        typer.echo(f"retryd: {problem}", err=True)
+        raise typer.Exit(2)
+    return trigger_ms / 1000
+
+
+def _archive_continuously(
+    spark: SparkSession,
+    spec: ArchiveSpec,
+    checkpoint: str,
+    trigger_s: float,
+    max_offsets_per_trigger: int | None,
+) -> None:
+    """Run the streaming archive until SIGTERM/SIGINT, one line per archived batch."""
+    import signal
+    import threading
+
+    from retryd.pipeline.continuous import BatchReport, ContinuousSpec, run_continuous
+
+    console = Console()
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        console.print(f"{signal.Signals(signum).name}: stopping after the running micro-batch")
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
+
+    def on_batch(report: BatchReport) -> None:
+        console.print(
+            f"batch {report.batch}: {report.records} records in {report.files} files "
+            f"(micro-batch {report.micro_batch}, {report.seconds:.1f}s)",
+            soft_wrap=True,
+        )
+
+    console.print(
+        f"archiving {spec.topic} to {spec.out} every {trigger_s:g}s "
+        f"(checkpoint {checkpoint}); SIGTERM or Ctrl-C stops",
+        soft_wrap=True,
+    )
+    cspec = ContinuousSpec(spec, checkpoint, trigger_s, max_offsets_per_trigger)
+    result = run_continuous(spark, cspec, stop, on_batch)
+    console.print_json(json.dumps({"batches": len(result.batches), "records": result.records}))
+
+
 @spark_app.command()
 def replay(
     config: Path | None = ConfigOption,
@@ -185,6 +302,8 @@ def replay(
     target: str | None = typer.Option(None, help="target topic (default: each original topic)"),
     rate: float = typer.Option(100.0, "--rate", min=0.001, help="replays per second, in total"),
     max_messages: int | None = typer.Option(None, min=1, help="replay at most this many"),
+    since: str | None = SinceOption,
+    until: str | None = UntilOption,
     dry_run: bool = typer.Option(False, "--dry-run", help="count only; produce nothing"),
     force: bool = typer.Option(False, "--force", help="replay records the ledger already has"),
     master: str | None = MasterOption,
@@ -199,6 +318,7 @@ def replay(
         config, bootstrap_servers=bootstrap_servers, main_topics=main_topics
     )
     conf, src = _parse_conf(spark_conf), _source(source)
+    window = _window(since, until)
     console = Console()
     with _job_errors(), spark_session(master, conf, console) as spark:
         from retryd.pipeline.progress import JobProgress
@@ -218,6 +338,7 @@ def replay(
             source=src,
             max_records_per_partition=max_records_per_partition,
             replication_factor=settings.replication_factor,
+            window=window,
         )
         with JobProgress(spark, Console(stderr=True)) as progress:
             result = run_replay(spark, spec, progress)

@@ -13,6 +13,9 @@ Use::
 Ranges are fixed when the DataFrame is planned (``partitions()`` on the driver); each input
 partition is read by one task with confluent-kafka and comes back as Arrow batches. Not named
 ``kafka``: built-in and JVM sources win a name clash.
+
+``spark.readStream.format("retryd_kafka")`` is the same source as a Structured Streaming
+source (``stream.RetrydKafkaStreamReader``).
 """
 
 from __future__ import annotations
@@ -20,23 +23,21 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+)
 from pyspark.sql.types import StructType
 
 from retryd.pipeline.columns import SCHEMA_DDL
-from retryd.pipeline.kafka_io import plan_ranges, read_range
-from retryd.pipeline.offsets import OffsetRange
+from retryd.pipeline.kafka_io import plan_ranges
 from retryd.pipeline.options import SourceOptions
+from retryd.pipeline.stream import KafkaRangePartition, RetrydKafkaStreamReader, read_partition
 
 SOURCE_NAME = "retryd_kafka"
-
-
-class KafkaRangePartition(InputPartition):
-    """One task's work: an offset range of one partition."""
-
-    def __init__(self, rng: OffsetRange) -> None:
-        super().__init__(str(rng))
-        self.range = rng
+__all__ = ["SOURCE_NAME", "KafkaRangePartition", "RetrydKafkaDataSource"]
 
 
 class RetrydKafkaReader(DataSourceReader):
@@ -47,15 +48,11 @@ class RetrydKafkaReader(DataSourceReader):
         return [KafkaRangePartition(rng) for rng in plan_ranges(self.opts)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        if not isinstance(partition, KafkaRangePartition):  # Spark's placeholder: no ranges
-            return iter(())
-        return read_range(
-            self.opts.kafka_conf, partition.range, self.opts.batch_rows, self.opts.read_timeout_s
-        )
+        return read_partition(self.opts, partition)
 
 
 class RetrydKafkaDataSource(DataSource):
-    """Batch reads of Kafka topics with retryd's header columns parsed."""
+    """Batch and streaming reads of Kafka topics with retryd's header columns parsed."""
 
     @classmethod
     def name(cls) -> str:
@@ -66,3 +63,6 @@ class RetrydKafkaDataSource(DataSource):
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return RetrydKafkaReader(SourceOptions.parse(self.options))
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return RetrydKafkaStreamReader(SourceOptions.parse(self.options))

@@ -30,6 +30,7 @@ _SHARED = {
     "startingoffsetsbytimestamp": "startingOffsetsByTimestamp",
     "endingoffsetsbytimestamp": "endingOffsetsByTimestamp",
     "maxrecordsperpartition": "maxRecordsPerPartition",
+    "maxoffsetspertrigger": "maxOffsetsPerTrigger",
 }
 
 

@@ -190,3 +190,49 @@ def clamp_range(
     start = min(max(start, low), high)
     end = min(max(end, start), high)
     return OffsetRange(topic, partition, start, end)
+
+
+def offsets_to_json_dict(offsets: Mapping[tuple[str, int], int]) -> dict[str, dict[str, int]]:
+    """``{topic: {"partition": next offset}}``, topics and partitions in order.
+
+    Structured Streaming compares offsets by their JSON text, so the same positions must
+    always give the same text: order is fixed here, not left to insertion order.
+    """
+    out: dict[str, dict[str, int]] = {}
+    for topic, partition in sorted(offsets):
+        out.setdefault(topic, {})[str(partition)] = int(offsets[(topic, partition)])
+    return out
+
+
+def offsets_from_json_dict(data: object) -> dict[tuple[str, int], int]:
+    """The inverse of ``offsets_to_json_dict`` (a checkpoint's offsets, read back)."""
+    if not isinstance(data, Mapping):
+        raise SourceOptionError([f"stream offsets must be a JSON object, got {data!r:.60}"])
+    problems: list[str] = []
+    parsed = _parse_json_map(json.dumps(data), "stream offsets", problems)
+    if problems:
+        raise SourceOptionError(problems)
+    return parsed
+
+
+def cap_offsets(
+    start: Mapping[tuple[str, int], int], latest: Mapping[tuple[str, int], int], max_rows: int
+) -> dict[tuple[str, int], int]:
+    """End offsets advancing at most ``max_rows`` offsets in total past ``start``.
+
+    A partition missing from ``start`` (new since the last trigger) starts at offset 0, as the
+    stream reads it. The budget is shared in proportion to each partition's backlog (as
+    Spark's own Kafka source does for ``maxOffsetsPerTrigger``), so no partition starves; when
+    every share rounds down to nothing the largest backlog still moves, so a trigger always
+    makes progress.
+    """
+    begin = {tp: min(start.get(tp, 0), end) for tp, end in latest.items()}
+    backlog = {tp: end - begin[tp] for tp, end in latest.items()}
+    total = sum(backlog.values())
+    if total <= max_rows:
+        return dict(latest)
+    out = {tp: begin[tp] + size * max_rows // total for tp, size in backlog.items()}
+    if out == begin:
+        biggest = max(sorted(backlog), key=lambda tp: backlog[tp])
+        out[biggest] += min(backlog[biggest], max_rows)
+    return out

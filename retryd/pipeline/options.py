@@ -32,6 +32,7 @@ KNOWN_OPTIONS = {
     "startingoffsetsbytimestamp",
     "endingoffsetsbytimestamp",
     "maxrecordsperpartition",
+    "maxoffsetspertrigger",
     "batchrows",
     "readtimeoutms",
     "path",
@@ -47,6 +48,7 @@ class SourceOptions:
     starting: BoundSpec
     ending: BoundSpec
     max_records_per_partition: int | None = None
+    max_offsets_per_trigger: int | None = None  # streaming: offsets per micro-batch, in total
     batch_rows: int = DEFAULT_BATCH_ROWS
     read_timeout_s: float = DEFAULT_READ_TIMEOUT_MS / 1000
 
@@ -93,6 +95,7 @@ class SourceOptions:
             problems,
         )
         max_records = _positive(opts, "maxrecordsperpartition", None, problems)
+        max_per_trigger = _positive(opts, "maxoffsetspertrigger", None, problems)
         batch_rows = _positive(opts, "batchrows", DEFAULT_BATCH_ROWS, problems)
         timeout_ms = _positive(opts, "readtimeoutms", DEFAULT_READ_TIMEOUT_MS, problems)
         for tp in list(starting.per_partition) + list(ending.per_partition):
@@ -106,6 +109,7 @@ class SourceOptions:
             starting=starting,
             ending=ending,
             max_records_per_partition=max_records,
+            max_offsets_per_trigger=max_per_trigger,
             batch_rows=batch_rows or DEFAULT_BATCH_ROWS,
             read_timeout_s=(timeout_ms or DEFAULT_READ_TIMEOUT_MS) / 1000,
         )

@@ -32,7 +32,9 @@ from retryd.errors import RetrydError, SequenceError
 from retryd.pipeline.progress import JobProgress
 from retryd.pipeline.replay_task import TaskSpec, replay_partition
 from retryd.pipeline.source import Source, kafka_options, read_kafka
+from retryd.pipeline.timefilter import read_window
 from retryd.policy.sequence import validate_topic_name
+from retryd.policy.timespec import TimeWindow
 from retryd.replay.errors import InvalidTarget
 from retryd.replay.ledger import ReplayLedger
 from retryd.replay.replayer import TargetPolicy
@@ -64,6 +66,7 @@ class ReplaySpec:
     replication_factor: int = -1
     replay_id: str | None = None
     timeout_s: float = 10.0
+    window: TimeWindow = field(default_factory=TimeWindow)  # failed records' Kafka timestamps
 
 
 @dataclass
@@ -78,19 +81,29 @@ class ReplayResult:
     by_target: Counter[str] = field(default_factory=Counter)
     errors: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    time_filter: str | None = None  # how --since/--until selected the records
 
     @property
     def rate(self) -> float:
         return self.replayed / self.seconds if self.seconds > 0 else 0.0
 
 
-def _filtered(spark: SparkSession, spec: ReplaySpec) -> DataFrame:
+def _filtered(spark: SparkSession, spec: ReplaySpec, result: ReplayResult) -> DataFrame:
     from pyspark.errors import AnalysisException, ParseException
 
-    opts = kafka_options(
-        spec.kafka_conf, [spec.failed_topic], maxRecordsPerPartition=spec.max_records_per_partition
-    )
-    failed = read_kafka(spark, opts, spec.source)
+    if spec.window.is_open:
+        opts = kafka_options(
+            spec.kafka_conf,
+            [spec.failed_topic],
+            maxRecordsPerPartition=spec.max_records_per_partition,
+        )
+        failed = read_kafka(spark, opts, spec.source)
+    else:
+        failed, plan = read_window(
+            spark, spec.kafka_conf, [spec.failed_topic], spec.window, spec.source,
+            spec.max_records_per_partition,
+        )  # fmt: skip
+        result.time_filter = f"{spec.window.describe()}: {plan.note}"
     if not spec.where:
         return failed
     try:
@@ -169,7 +182,7 @@ def run_replay(spark: SparkSession, spec: ReplaySpec, progress: JobProgress) -> 
         "key", "value", "headers", "original_topic", target.alias("target"), coord.alias("coord"),
     ]  # fmt: skip
     with progress.step(f"selecting from {spec.failed_topic}"):
-        matched = _filtered(spark, spec).select(*columns).cache()
+        matched = _filtered(spark, spec, result).select(*columns).cache()
         result.matched = matched.count()
         candidates = matched
         if not spec.force:
@@ -247,5 +260,7 @@ def print_summary(result: ReplayResult, console: Console) -> None:
     for target, count in sorted(result.by_target.items()):
         table.add_row(f"to {target}", str(count))
     console.print(table)
+    if result.time_filter is not None:
+        console.print(f"time filter {result.time_filter}", soft_wrap=True)
     for line in result.errors:
         console.print(f"[red]error[/red] {line}")

@@ -7,7 +7,14 @@ Three tables, each written as Parquet and CSV, printed to the terminal and drawn
 - ``funnel``: per tier topic (in sequence order), how many distinct messages reached it and how
   many of those reached ``failed_topic``; a last row for ``failed_topic`` itself. A message is
   identified by its ``retryd_original_topic/partition/offset``;
-- ``top_errors``: the most frequent error class + message pairs among dead letters.
+- ``top_errors``: the most frequent failure modes among dead letters: error class x message
+  *fingerprint* (``retryd.policy.fingerprint``: numbers, ids, hex, quoted values replaced), with
+  how many dead letters and how many distinct messages each has, and one example message. A
+  failure mode with a million distinct messages (one per order id) is one row.
+
+``--since/--until`` select dead letters by their Kafka timestamp; the read is narrowed to the
+matching offsets where the broker's offsets-for-times can be trusted (``timefilter``), and the
+report says which way it went.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import pandas as pd  # at module level: pandas_udf resolves the hints in module globals
 from rich.console import Console
 from rich.table import Table
 
@@ -26,9 +34,11 @@ from retryd.pipeline.chart import render_chart
 from retryd.pipeline.kafka_io import list_partitions, range_consumer
 from retryd.pipeline.progress import JobProgress
 from retryd.pipeline.source import Source, kafka_options, read_kafka
+from retryd.pipeline.timefilter import read_window
+from retryd.policy.fingerprint import fingerprint
+from retryd.policy.timespec import TimeWindow
 
 if TYPE_CHECKING:
-    import pandas as pd
     from pyspark.sql import DataFrame, SparkSession
 
 log = logging.getLogger(__name__)
@@ -44,8 +54,7 @@ class ReportSpec:
     top_n: int = 20
     source: Source | str = Source.PYTHON
     max_records_per_partition: int | None = None
-    since_ms: int | None = None  # dead letters with a Kafka timestamp >= since (epoch ms)
-    until_ms: int | None = None  # ... and < until
+    window: TimeWindow = field(default_factory=TimeWindow)  # dead letters' Kafka timestamps
 
 
 @dataclass
@@ -54,6 +63,7 @@ class ReportResult:
     files: dict[str, Path] = field(default_factory=dict)
     chart_data: dict[str, Any] = field(default_factory=dict)
     dead_letter_total: int = 0
+    time_filter: str = "no time filter"  # how --since/--until selected the records
 
 
 def _existing_topics(conf: Mapping[str, str], topics: tuple[str, ...]) -> list[str]:
@@ -78,8 +88,48 @@ def _read(spark: SparkSession, spec: ReportSpec, topics: list[str]) -> DataFrame
     return read_kafka(spark, opts, spec.source)
 
 
-def build_tables(spark: SparkSession, spec: ReportSpec, progress: JobProgress) -> dict[str, Any]:
-    """The three report tables as Spark DataFrames (the failed topic is read once, cached)."""
+def _fingerprints(messages: DataFrame) -> DataFrame:
+    """Add ``fingerprint`` to (error_class, error_message, n) rows: one Python call per
+    distinct message (vectorised through Arrow), then the id in SQL, equal to
+    ``fingerprint_id`` (SHA-256 of class NUL template)."""
+    from pyspark.sql import functions as F
+
+    @F.pandas_udf("string")  # type: ignore[call-overload]
+    def template(texts: pd.Series) -> pd.Series:
+        return texts.map(lambda t: None if t is None else fingerprint(t))
+
+    with_template = messages.withColumn("fingerprint", template("error_message"))
+    key = F.concat_ws("\x00", F.coalesce("error_class", F.lit("")), F.col("fingerprint"))
+    return with_template.withColumn(
+        "fingerprint_id",
+        F.when(F.col("fingerprint").isNotNull(), F.substring(F.sha2(key, 256), 1, 12)),
+    )
+
+
+def top_errors(failed: DataFrame, top_n: int) -> DataFrame:
+    """Failure modes by count: error class x fingerprint, distinct messages, one example."""
+    from pyspark.sql import functions as F
+
+    messages = failed.groupBy("error_class", "error_message").agg(F.count(F.lit(1)).alias("n"))
+    return (
+        _fingerprints(messages)
+        .groupBy("error_class", "fingerprint", "fingerprint_id")
+        .agg(
+            F.sum("n").alias("count"),
+            F.count("error_message").alias("messages"),
+            F.min("error_message").alias("example"),
+        )
+        .select("error_class", "fingerprint", "count", "messages", "example", "fingerprint_id")
+        .orderBy(F.desc("count"), "error_class", "fingerprint")
+        .limit(top_n)
+    )
+
+
+def build_tables(
+    spark: SparkSession, spec: ReportSpec, progress: JobProgress
+) -> tuple[dict[str, Any], str]:
+    """The three report tables as Spark DataFrames (the failed topic is read once, cached),
+    and how the time window selected the records."""
     from pyspark.sql import functions as F
 
     ident = F.concat_ws(
@@ -91,15 +141,19 @@ def build_tables(spark: SparkSession, spec: ReportSpec, progress: JobProgress) -
         & F.col("original_offset").isNotNull()
     )
     with progress.step(f"reading {spec.failed_topic}"):
-        failed = _read(spark, spec, [spec.failed_topic]).select(
+        time_filter = "no time filter"
+        if spec.window.is_open:
+            raw = _read(spark, spec, [spec.failed_topic])
+        else:
+            raw, plan = read_window(
+                spark, spec.kafka_conf, [spec.failed_topic], spec.window, spec.source,
+                spec.max_records_per_partition,
+            )  # fmt: skip
+            time_filter = f"{spec.window.describe()}: {plan.note}"
+        failed = raw.select(
             "timestamp", "original_topic", "original_partition", "original_offset",
             "error_class", "error_message", "dead_reason",
-        )  # fmt: skip
-        if spec.since_ms is not None:
-            failed = failed.where(F.col("timestamp") >= F.timestamp_millis(F.lit(spec.since_ms)))
-        if spec.until_ms is not None:
-            failed = failed.where(F.col("timestamp") < F.timestamp_millis(F.lit(spec.until_ms)))
-        failed = failed.cache()
+        ).cache()  # fmt: skip
         failed.count()
     dead_letters = (
         failed.groupBy(
@@ -111,12 +165,7 @@ def build_tables(spark: SparkSession, spec: ReportSpec, progress: JobProgress) -
         .agg(F.count(F.lit(1)).alias("count"))
         .orderBy(F.desc("count"), "original_topic", "error_class", "dead_reason", "hour")
     )
-    top_errors = (
-        failed.groupBy("error_class", "error_message")
-        .agg(F.count(F.lit(1)).alias("count"))
-        .orderBy(F.desc("count"), "error_class", "error_message")
-        .limit(spec.top_n)
-    )
+    top = top_errors(failed, spec.top_n)
     failed_ids = failed.where(has_ident).select(ident.alias("message")).distinct()
     tiers = _existing_topics(spec.kafka_conf, spec.tier_topics)
     if tiers:
@@ -151,7 +200,7 @@ def build_tables(spark: SparkSession, spec: ReportSpec, progress: JobProgress) -
         .fillna(0, ["messages", "reached_failed"])
         .orderBy("stage")
     )
-    return {"dead_letters": dead_letters, "funnel": funnel, "top_errors": top_errors}
+    return {"dead_letters": dead_letters, "funnel": funnel, "top_errors": top}, time_filter
 
 
 def write_outputs(tables: dict[str, Any], out_dir: Path, progress: JobProgress) -> dict[str, Any]:
@@ -176,7 +225,7 @@ def print_tables(frames: Mapping[str, pd.DataFrame], console: Console, limit: in
     titles = {
         "dead_letters": "Dead letters by original topic, error class, dead reason and hour",
         "funnel": "Retry funnel (distinct messages)",
-        "top_errors": "Top error messages of dead letters",
+        "top_errors": "Top failure modes of dead letters (error class x message fingerprint)",
     }
     for name in TABLES:
         frame = frames[name]
@@ -205,7 +254,7 @@ def run_report(
     spark: SparkSession, spec: ReportSpec, progress: JobProgress, console: Console
 ) -> ReportResult:
     """Build, write, print and chart the report; returns the tables as pandas frames."""
-    tables = build_tables(spark, spec, progress)
+    tables, time_filter = build_tables(spark, spec, progress)
     written = write_outputs(tables, spec.out_dir, progress)
     frames: dict[str, pd.DataFrame] = written["frames"]
     files: dict[str, Path] = written["files"]
@@ -215,8 +264,10 @@ def run_report(
     spark.catalog.clearCache()
     print_tables(frames, console)
     total = int(frames["dead_letters"]["count"].sum()) if len(frames["dead_letters"]) else 0
+    if not spec.window.is_open:
+        console.print(f"time filter {time_filter}", soft_wrap=True)
     console.print(f"{total} dead letters; report written to {spec.out_dir}")
-    return ReportResult(frames, files, chart_data, total)
+    return ReportResult(frames, files, chart_data, total, time_filter)
 
 
 def clear_output(out_dir: Path) -> None:

@@ -131,6 +131,9 @@ def build_session(
     settings.update(conf or {})
     for key, value in settings.items():
         builder = builder.config(key, str(value))
+    # py4j logs every connection it opens and closes at INFO, and a benign read error while a
+    # streaming query's callback server shuts down: noise in the jobs' output.
+    logging.getLogger("py4j").setLevel(logging.WARNING)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     register(spark)

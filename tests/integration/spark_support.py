@@ -7,6 +7,7 @@ spark``); every module gets the same session, stopped (JVM by PID) when the test
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -98,3 +99,17 @@ def tier_copy(
 
 def rows_by_offset(df: Any) -> dict[tuple[int, int], Any]:
     return {(r["partition"], r["offset"]): r for r in df.collect()}
+
+
+def archived_rows(spark: SparkSession, out: Path) -> list[tuple[int, int, bytes]]:
+    """(partition, offset, value) of every record in a Parquet archive, as Spark reads it."""
+    rows = spark.read.parquet(str(out)).select("partition", "offset", "value").collect()
+    return sorted((r["partition"], r["offset"], bytes(r["value"])) for r in rows)
+
+
+def assert_exactly_once(spark: SparkSession, out: Path, produced: int) -> None:
+    """Every record value-0 .. value-<produced - 1> is in the archive, none twice."""
+    rows = archived_rows(spark, out)
+    keys = [(p, o) for p, o, _ in rows]
+    assert len(keys) == len(set(keys)), "a record was archived twice"
+    assert sorted(v for _, _, v in rows) == sorted(b"value-%d" % i for i in range(produced))

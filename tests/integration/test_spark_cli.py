@@ -42,6 +42,20 @@ def test_without_pyspark_the_cli_works_and_jobs_say_what_is_missing(tmp_path: Pa
     assert "Traceback" not in done.stderr
 
 
+def test_bad_time_filters_exit_2_before_spark_starts(tmp_path: Path) -> None:
+    env = base_env()
+    for args, message in (
+        (["--since", "yesterday"], "invalid time 'yesterday': expected ISO-8601"),
+        (["--since", "1h", "--until", "2h"], "is not before --until"),
+        (["--since", "1h", "--since-ms", "5"], "not both"),
+    ):
+        done = run_cli(["spark", "report", "--out", str(tmp_path), *args], env, block_pyspark=True)
+        assert done.returncode == 2 and message in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr
+    done = run_cli(["spark", "replay", "--until", "2024-02-30"], env, block_pyspark=True)
+    assert done.returncode == 2 and "invalid time '2024-02-30'" in done.stderr
+
+
 def test_without_java_the_jobs_say_so(tmp_path: Path) -> None:
     pytest.importorskip("pyspark")
     empty = tmp_path / "bin"
@@ -85,15 +99,22 @@ def test_report_and_replay_commands(running_spark, bootstrap: str, tmp_path: Pat
     }
     runner = CliRunner()
     out = tmp_path / "report"
-    done = runner.invoke(app, ["spark", "report", "--out", str(out), "--top", "5"], env=env)
+    args = ["spark", "report", "--out", str(out), "--top", "5", "--since", "1h", "--until", "now"]
+    done = runner.invoke(app, args, env=env)
     assert done.exit_code == 0, done.output
     assert "5 dead letters" in done.output
+    narrowed = r"offsets-for-times: reading"
+    fallback = r"offsets-for-times not supported by this broker .*filtering after the read"
+    assert re.search(rf"time filter \[\S+Z, \S+Z\): ({narrowed}|{fallback})", done.output)
     assert (out / "dead_letters.csv").read_text().count("\n") == 2  # header + one group
     assert (out / "report.png").exists() and (out / "funnel" / "_SUCCESS").exists()
     dry = runner.invoke(
-        app, ["spark", "replay", "--where", "original_offset < 3", "--dry-run"], env=env
+        app,
+        ["spark", "replay", "--where", "original_offset < 3", "--since", "1d", "--dry-run"],
+        env=env,
     )
     assert dry.exit_code == 0, dry.output
+    assert re.search(rf"time filter \[\S+Z, now\): ({narrowed}|{fallback})", dry.output)
     assert "dry run" in dry.output and "to replay" in dry.output
     assert re.search(r"matched\s*│\s*3\s*│", dry.output)
     assert re.search(r"to replay\s*│\s*3\s*│", dry.output)

@@ -14,6 +14,7 @@ from rich.console import Console
 
 from retryd.pipeline.progress import JobProgress
 from retryd.pipeline.report import ReportSpec, run_report
+from retryd.policy.fingerprint import fingerprint_id
 from tests.integration.spark_support import dead_letter, spark, tier_copy  # noqa: F401
 from tests.support import create_topics, unique
 
@@ -54,10 +55,11 @@ def seeded(bootstrap: str) -> dict:
     # orders 6-7: one retry, then success (never dead)
     for m in (6, 7):
         tier5.append((H0, tier_copy(orders, m, 1)))
-    # orders 8-9: non-retryable on first failure (no tier)
-    for m in (8, 9):
+    # orders 8-9: non-retryable on first failure (no tier); one failure mode, two messages
+    for m, where in ((8, 17), (9, 4242)):
         dead.append(
-            (H0 + 1, dead_letter(orders, m, error_class="ValueError", error_message="bad json",
+            (H0 + 1, dead_letter(orders, m, error_class="ValueError",
+                                 error_message=f"bad json at offset {where}",
                                  dead_reason="non_retryable", retry_number=0))
         )  # fmt: skip
     # payments 0: one retry then non-retryable; payments 1-2: exhausted
@@ -109,11 +111,12 @@ def test_report_exact_counts(spark, bootstrap: str, seeded: dict, tmp_path: Path
         (None, "HeaderError", "malformed", HOUR0): 1,
     }
     funnel = [(1, t5, 11, 9), (2, t30, 8, 8), (3, spec.tier_topics[2], 0, 0), (4, failed, 11, 11)]
-    top = [
-        ("TimeoutError", "slow", 8),
-        ("ValueError", "bad json", 2),
-        ("HeaderError", "header retry_number is missing", 1),  # before KeyError: same count
-    ]
+    top = [  # error class, fingerprint, dead letters, distinct messages, example
+        ("TimeoutError", "slow", 8, 1, "slow"),
+        ("ValueError", "bad json at offset <num>", 2, 2, "bad json at offset 17"),
+        ("HeaderError", "header retry_number is missing", 1, 1,
+         "header retry_number is missing"),  # before KeyError: same count
+    ]  # fmt: skip
 
     def dead_of(frame: pd.DataFrame) -> dict:
         out = {}
@@ -129,8 +132,13 @@ def test_report_exact_counts(spark, bootstrap: str, seeded: dict, tmp_path: Path
                 for r in frame.itertuples(index=False)]  # fmt: skip
 
     def top_of(frame: pd.DataFrame) -> list:
+        assert all(
+            r.fingerprint_id == fingerprint_id(r.error_class, r.fingerprint)
+            for r in frame.itertuples(index=False)
+        )
         return [
-            (r.error_class, r.error_message, int(r.count)) for r in frame.itertuples(index=False)
+            (r.error_class, r.fingerprint, int(r.count), int(r.messages), r.example)
+            for r in frame.itertuples(index=False)
         ]
 
     # returned frames

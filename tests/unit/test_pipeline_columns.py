@@ -2,20 +2,99 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 pa = pytest.importorskip("pyarrow")
 
 from retryd.pipeline.columns import (  # noqa: E402
     ARROW_SCHEMA,
     COLUMNS,
+    HEADER_COLUMNS,
     MAX_EPOCH_MS,
+    PARSED_COLUMNS,
     BatchBuilder,
+    Record,
+    bounded,
+    build_batch,
     parse_retryd_headers,
 )
 from retryd.pipeline.native import native_options  # noqa: E402
 from retryd.pipeline.session import java_major  # noqa: E402
+from retryd.policy import headers as h  # noqa: E402
 from retryd.policy.headers import Envelope, routed_headers  # noqa: E402
+
+
+def reference_parse(headers: Any) -> dict[str, Any]:
+    """The definition: ``decode_lenient`` then ``bounded`` (the fast parser must agree)."""
+    out: dict[str, Any] = {}
+    for name, value in h.decode_lenient(headers).items():
+        spec = HEADER_COLUMNS.get(name)
+        if spec is not None:
+            out[spec[0]] = bounded(value, spec[1])
+    return out
+
+
+def reference_rows(records: list[Record]) -> list[dict[str, Any]]:
+    """Row by row, the obvious way: what ``build_batch`` must produce, column for column."""
+    rows = []
+    for r in records:
+        kind, ms = r.timestamp()
+        row = {
+            "topic": r.topic(),
+            "partition": r.partition(),
+            "offset": r.offset(),
+            "timestamp": None if kind == 0 or ms < 0 or ms > MAX_EPOCH_MS else ms * 1000,
+            "timestamp_type": kind - 1,
+            "key": r.key(),
+            "value": r.value(),
+            "headers": [{"key": k, "value": v} for k, v in (r.headers() or [])],
+        }
+        row.update({name: None for name in PARSED_COLUMNS})
+        row.update(reference_parse(r.headers()))
+        rows.append(row)
+    return rows
+
+
+header_names = st.sampled_from([*HEADER_COLUMNS, "retryd_group", "trace", "", "x" * 40])
+header_values = st.one_of(
+    st.none(),
+    st.binary(max_size=12),
+    st.integers(0, 2**64).map(lambda i: str(i).encode()),
+    st.sampled_from([b"12", b"0", b"-1", b" 7", b"\xef\xbc\x95", b"\xff", b"", b"orders"]),
+)
+records = st.builds(
+    Record,
+    topic=st.sampled_from(["failed", "t.x"]),
+    partition=st.integers(0, 3),
+    offset=st.integers(0, 2**40),
+    timestamp=st.tuples(st.integers(0, 2), st.integers(-5, MAX_EPOCH_MS + 5)),
+    key=st.one_of(st.none(), st.binary(max_size=8)),
+    value=st.one_of(st.none(), st.binary(max_size=8)),
+    headers=st.one_of(st.none(), st.lists(st.tuples(header_names, header_values), max_size=6)),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(header_names, header_values), max_size=8))
+def test_fast_header_parse_matches_decode_lenient(headers: list) -> None:
+    assert parse_retryd_headers(headers) == reference_parse(headers)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(records, max_size=30))
+def test_columnar_batch_matches_row_by_row(recs: list[Record]) -> None:
+    batch = build_batch(recs)
+    assert batch.schema.equals(ARROW_SCHEMA) and batch.num_rows == len(recs)
+    # timestamps compared as epoch microseconds
+    as_ints = [
+        col.cast(pa.int64()) if pa.types.is_timestamp(col.type) else col for col in batch.columns
+    ]
+    got = pa.RecordBatch.from_arrays(as_ints, names=batch.schema.names).to_pylist()
+    assert got == reference_rows(recs)
 
 
 def test_batch_keeps_bytes_and_parses_envelope() -> None:
@@ -100,3 +179,15 @@ def test_native_options_mapping() -> None:
 )
 def test_java_major(text: str, major: int | None) -> None:
     assert java_major(text) == major
+
+
+def test_fewer_gc_passes_is_scoped() -> None:
+    import gc
+
+    from retryd.pipeline.kafka_io import fewer_gc_passes
+
+    before = gc.get_threshold()
+    with pytest.raises(RuntimeError), fewer_gc_passes(123_456):
+        assert gc.get_threshold() == (max(before[0], 123_456), *before[1:])
+        raise RuntimeError("a read failed")
+    assert gc.get_threshold() == before

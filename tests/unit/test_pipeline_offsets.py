@@ -13,7 +13,10 @@ from retryd.pipeline.offsets import (
     Bound,
     OffsetRange,
     SourceOptionError,
+    cap_offsets,
     clamp_range,
+    offsets_from_json_dict,
+    offsets_to_json_dict,
     parse_bound_spec,
     ranges_to_json,
     split_range,
@@ -128,3 +131,49 @@ def test_source_options_list_every_problem() -> None:
     assert any("unknown option 'typo'" in p for p in problems)
     with pytest.raises(SourceOptionError, match="'topics' is required"):
         SourceOptions.parse({"bootstrap": "x"})
+
+
+# --- streaming offsets ------------------------------------------------------------------------
+
+backlogs = st.dictionaries(
+    st.tuples(st.sampled_from(["a", "b"]), st.integers(0, 20)),
+    st.tuples(st.integers(0, 10**6), st.integers(0, 10**4)),
+    min_size=1,
+    max_size=12,
+)
+
+
+@given(backlogs, st.integers(1, 5000))
+def test_cap_offsets_respects_the_budget_and_always_moves(
+    positions: dict[tuple[str, int], tuple[int, int]], max_rows: int
+) -> None:
+    start = {tp: s for tp, (s, _) in positions.items()}
+    latest = {tp: s + n for tp, (s, n) in positions.items()}
+    end = cap_offsets(start, latest, max_rows)
+    assert end.keys() == latest.keys()
+    assert all(start[tp] <= end[tp] <= latest[tp] for tp in end)
+    moved = sum(end[tp] - start[tp] for tp in end)
+    backlog = sum(latest[tp] - start[tp] for tp in end)
+    assert moved <= max_rows or moved == backlog
+    if backlog:
+        assert moved > 0  # a trigger always makes progress
+    if backlog <= max_rows:
+        assert end == latest
+
+
+def test_cap_offsets_shares_by_backlog_and_starts_new_partitions_at_zero() -> None:
+    start = {("t", 0): 0, ("t", 1): 100}
+    latest = {("t", 0): 300, ("t", 1): 200, ("t", 2): 50}  # t[2] is new: read from 0
+    assert cap_offsets(start, latest, 100) == {("t", 0): 66, ("t", 1): 122, ("t", 2): 11}
+    assert cap_offsets(start, latest, 1000) == latest
+
+
+def test_offsets_json_dict_is_ordered_and_round_trips() -> None:
+    offsets = {("b", 10): 5, ("a", 2): 7, ("b", 2): 1}
+    as_dict = offsets_to_json_dict(offsets)
+    assert json.dumps(as_dict) == '{"a": {"2": 7}, "b": {"2": 1, "10": 5}}'
+    assert offsets_from_json_dict(json.loads(json.dumps(as_dict))) == offsets
+    with pytest.raises(SourceOptionError, match="must be a JSON object"):
+        offsets_from_json_dict([1])
+    with pytest.raises(SourceOptionError, match="is not a number"):
+        offsets_from_json_dict({"a": {"x": 1}})
