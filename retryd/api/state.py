@@ -27,6 +27,7 @@ from retryd.replay.manager import JobManager
 from retryd.replay.ratelimit import SharedRateLimit
 from retryd.replay.replayer import Replayer, TargetPolicy
 from retryd.replay.scan import ScannerPool
+from retryd.replay.targets import reserved_topics
 from retryd.runtime.paths import metrics_dir
 
 log = logging.getLogger(__name__)
@@ -35,14 +36,6 @@ log = logging.getLogger(__name__)
 def allowed_targets(settings: Settings) -> list[str]:
     """The replay allow-list: ``replay_allowlist``, or the main topics when it is empty."""
     return list(settings.replay_allowlist or settings.main_topics)
-
-
-def reserved_topics(settings: Settings) -> dict[str, str]:
-    """retryd's own topics, never a replay target whatever the allow-list says."""
-    reserved = {tier: "a retry tier of this deployment" for tier in settings.plan.tier_topics}
-    reserved[settings.failed_topic] = "this deployment's failed_topic"
-    reserved[settings.ledger_topic] = "the replay ledger"
-    return reserved
 
 
 class Sidecar:

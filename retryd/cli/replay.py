@@ -45,12 +45,13 @@ def replay(
     main_topics: str | None = typer.Option(None, help="comma list (the default allow-list)"),
 ) -> None:
     """Replay failed records matching the filters (each at most once unless --force)."""
-    from retryd.api.state import allowed_targets, reserved_topics
+    from retryd.api.state import allowed_targets
     from retryd.replay.errors import InvalidTarget
     from retryd.replay.jobs import JobSpec, ReplayJob
     from retryd.replay.ledger import ReplayLedger
     from retryd.replay.records import RecordFilter
     from retryd.replay.replayer import TargetPolicy
+    from retryd.replay.targets import reserved_topics
 
     settings = settings_or_exit(
         config,

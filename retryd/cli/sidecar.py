@@ -103,7 +103,7 @@ def sidecar(
     import uvicorn
 
     from retryd.api.app import create_app
-    from retryd.api.state import reserved_topics
+    from retryd.replay.targets import reserved_topics
 
     if not credentials.enabled:
         log.warning("no API token configured: the /v1 replay API is disabled")

@@ -323,12 +323,14 @@ def replay(
     with _job_errors(), spark_session(master, conf, console) as spark:
         from retryd.pipeline.progress import JobProgress
         from retryd.pipeline.replay import ReplaySpec, print_summary, run_replay
+        from retryd.replay.targets import reserved_topics
 
         spec = ReplaySpec(
             kafka_conf=settings.kafka_common(),
             failed_topic=settings.failed_topic,
             ledger_topic=settings.ledger_topic,
             allowlist=tuple(settings.replay_allowlist or settings.main_topics),
+            reserved=tuple(reserved_topics(settings).items()),
             where=where,
             target=target,
             max_per_second=rate,

@@ -55,6 +55,8 @@ class ReplaySpec:
     failed_topic: str
     ledger_topic: str
     allowlist: tuple[str, ...]
+    # retryd's own topics (tiers, failed_topic, ledger): never targets whatever the allow-list
+    reserved: tuple[tuple[str, str], ...] = ()
     where: str | None = None
     target: str | None = None
     max_per_second: float = 100.0
@@ -134,7 +136,7 @@ def replayed_keys(spark: SparkSession, spec: ReplaySpec) -> DataFrame:
 
 def _check_targets(spec: ReplaySpec, topics: Iterable[str | None]) -> dict[str | None, Any]:
     """Per target topic: its partition count, or the reason records to it are skipped."""
-    policy = TargetPolicy(spec.kafka_conf, list(spec.allowlist))
+    policy = TargetPolicy(spec.kafka_conf, list(spec.allowlist), reserved=dict(spec.reserved))
     out: dict[str | None, Any] = {}
     try:
         for topic in topics:
@@ -145,6 +147,9 @@ def _check_targets(spec: ReplaySpec, topics: Iterable[str | None]) -> dict[str |
                 validate_topic_name(topic)
             except SequenceError:
                 out[topic] = "no_valid_target"
+                continue
+            if policy.refusal(topic) is not None:
+                out[topic] = "target_reserved"
                 continue
             if topic not in policy.allowed:
                 out[topic] = "target_not_allowed"

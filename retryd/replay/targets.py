@@ -8,12 +8,21 @@ from collections.abc import Mapping
 
 from confluent_kafka import Consumer
 
+from retryd.config import Settings
 from retryd.errors import SequenceError
 from retryd.kafka.clients import new_consumer, reader_config
 from retryd.policy.sequence import validate_topic_name
 from retryd.replay.errors import InvalidTarget, TargetRefused, TargetReserved
 from retryd.replay.records import FailedRecord
 from retryd.replay.scan import partitions_of
+
+
+def reserved_topics(settings: Settings) -> dict[str, str]:
+    """retryd's own topics, never a replay target whatever the allow-list says."""
+    reserved = {tier: "a retry tier of this deployment" for tier in settings.plan.tier_topics}
+    reserved[settings.failed_topic] = "this deployment's failed_topic"
+    reserved[settings.ledger_topic] = "the replay ledger"
+    return reserved
 
 
 class TargetPolicy:

@@ -191,3 +191,24 @@ def test_fewer_gc_passes_is_scoped() -> None:
         assert gc.get_threshold() == (max(before[0], 123_456), *before[1:])
         raise RuntimeError("a read failed")
     assert gc.get_threshold() == before
+
+
+def test_spark_replay_never_targets_retryd_own_topics() -> None:
+    from retryd.config import load_settings
+    from retryd.pipeline.replay import ReplaySpec, _check_targets
+    from retryd.replay.targets import reserved_topics
+
+    settings = load_settings(main_topics="orders", retry_sequence="5m,1h")
+    spec = ReplaySpec(
+        kafka_conf={"bootstrap.servers": "127.0.0.1:1"},
+        failed_topic=settings.failed_topic,
+        ledger_topic=settings.ledger_topic,
+        # an allow-list that wrongly names retryd's own topics must not make them targets
+        allowlist=("retry_5m", "failed_topic", "retryd_replay_ledger", "__consumer_offsets"),
+        reserved=tuple(reserved_topics(settings).items()),
+    )
+    out = _check_targets(spec, ["retry_5m", "failed_topic", "retryd_replay_ledger"])
+    assert out == dict.fromkeys(
+        ["retry_5m", "failed_topic", "retryd_replay_ledger"], "target_reserved"
+    )
+    assert _check_targets(spec, ["__consumer_offsets"]) == {"__consumer_offsets": "target_reserved"}
