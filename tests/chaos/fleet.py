@@ -5,6 +5,7 @@ nothing behind)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import signal
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from retryd.runtime.paths import heartbeat_dir
 from tests.chaos.handler import LOG_ENV
 from tests.integration.worker_support import REPO, Deployment
 
@@ -87,6 +89,28 @@ class Fleet:
             raise AssertionError(
                 f"{proc.name} pid={proc.pid} ignored SIGTERM for {timeout_s}s"
             ) from exc
+
+    def group_settled(self, procs: list[Proc], partitions: int) -> bool:
+        """Every one of ``procs`` is alive and owns partitions, and together they own all
+        ``partitions`` (read from the workers' own heartbeat files, rewritten every second).
+
+        Why the SIGTERM scenario waits for this before each stop, as a rolling restart waits
+        for the new instance to be ready: the embedded broker's group coordinator can stall a
+        group for minutes when a member leaves while a join is still in progress (seen with
+        plain confluent-kafka consumers, both assignment strategies), which would test the
+        broker rather than retryd.
+        """
+        owned = 0
+        for proc in procs:
+            path = heartbeat_dir(self.dep.settings.state_dir) / f"{proc.pid}.json"
+            try:
+                beat = json.loads(path.read_text())
+            except (OSError, ValueError):
+                return False
+            if not proc.alive() or beat.get("assigned_partitions", 0) <= 0:
+                return False
+            owned += beat["assigned_partitions"]
+        return owned == partitions
 
     def close(self) -> None:
         """Stop every process still running, by PID: SIGTERM, then SIGKILL."""

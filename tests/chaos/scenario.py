@@ -10,7 +10,7 @@ from typing import Any
 
 from tests.chaos.fleet import CHAOS_HANDLER, Fleet
 from tests.chaos.ledger import Reconciliation, Spec
-from tests.chaos.load import Record
+from tests.chaos.load import PacedProducer, Record
 from tests.chaos.observe import CallLog, DeadLetters, Observer, id_from_json
 from tests.chaos.report import Row
 from tests.chaos.scale import SEQUENCE, scale
@@ -45,6 +45,18 @@ class Scenario:
             "partitions_behind_at_end": behind,
             "seconds": round(time.monotonic() - self.began, 1),
             **extra,
+        }
+
+    def fault_entry(self, load: PacedProducer, at: float, **fields: Any) -> dict[str, Any]:
+        """What a fault hit: messages produced so far, ended, and still on their way."""
+        rec = self.observer.refresh()
+        ended = rec.messages - len(rec.lost)
+        return {
+            "at_s": round(at - self.began, 1),
+            **fields,
+            "produced": load.produced,
+            "ended": ended,
+            "in_flight": load.produced - ended,
         }
 
     def close(self) -> None:
