@@ -56,11 +56,15 @@ def is_retryd_name(name: str) -> bool:
     return name in ("retry_number", "retry_timestamp") or name.startswith("retryd_")
 
 
-def header_digest(headers: Iterable[tuple[str, bytes | None]] | None) -> str:
+def header_digest(
+    headers: Iterable[tuple[str, bytes | None]] | None, *, fold_case: bool = False
+) -> str:
     """A digest of the *user* headers as a multiset (HTTP does not keep the order between
-    different names): equal digests mean every user header arrived byte for byte."""
+    different names): equal digests mean every user header arrived byte for byte.
+    ``fold_case``: compare names ignoring letter case (HTTP frameworks fold the case of
+    ``X-Kafka-*`` names, as retryd's HTTP handler documents)."""
     items = sorted(
-        (name.encode("utf-8", "surrogatepass"), value is None, value or b"")
+        ((name.lower() if fold_case else name).encode(), value is None, value or b"")
         for name, value in headers or ()
         if not is_retryd_name(name)
     )
@@ -79,16 +83,20 @@ def spec_of(value: bytes | None) -> dict[str, Any]:
 
 
 def append_call(entry: dict[str, Any]) -> None:
-    """Append one call to the log in one write (SIGKILL-safe); the descriptor stays open."""
+    """Append one call to ``$RETRYD_CHAOS_LOG`` in one write (SIGKILL-safe); the descriptor
+    stays open for the life of the worker process."""
     global _fd
     path = os.environ.get(LOG_ENV)
     if not path:
         return
-    line = (json.dumps(entry, separators=(",", ":")) + "\n").encode()
     with _fd_lock:
         if _fd is None:
             _fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        os.write(_fd, line)
+        write_line(_fd, entry)
+
+
+def write_line(fd: int, entry: dict[str, Any]) -> None:
+    os.write(fd, (json.dumps(entry, separators=(",", ":")) + "\n").encode())
 
 
 def call_entry(

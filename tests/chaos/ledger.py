@@ -106,6 +106,7 @@ class Reconciliation:
     dead_twice: int
     unknown: int
     calls: int
+    header_mismatches: int = 0
 
     @property
     def clean(self) -> bool:
@@ -122,6 +123,7 @@ class Reconciliation:
             "misplaced": len(self.misplaced),
             "duplicates": {"handled_twice": self.handled_twice, "dead_twice": self.dead_twice},
             "handler_calls": self.calls,
+            "header_mismatches": self.header_mismatches,
         }
 
     def describe(self) -> str:
@@ -169,4 +171,5 @@ def reconcile(plan: Iterable[Spec], tally: Tally) -> Reconciliation:
         dead_twice=sum(c - 1 for i, c in tally.dead.items() if i in ids),
         unknown=unknown,
         calls=tally.calls,
+        header_mismatches=sum(tally.header_mismatch.values()),
     )

@@ -38,6 +38,7 @@ class PacedProducer:
                 "enable.idempotence": True,
                 "linger.ms": 5,
                 "message.timeout.ms": 300_000,
+                "log_level": 2,  # connection failures are the point of some scenarios
             }
         )
         self._segments: deque[tuple[int, float]] = deque()

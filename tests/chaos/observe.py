@@ -56,6 +56,7 @@ class DeadLetters:
                 "enable.partition.eof": True,
                 "auto.offset.reset": "earliest",
                 "fetch.wait.max.ms": 100,
+                "log_level": 2,  # the broker-cut scenario cuts this reader's connections too
             }
         )
         md = self._consumer.list_topics(topic, timeout=15).topics[topic]

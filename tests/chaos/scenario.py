@@ -16,6 +16,8 @@ from tests.chaos.report import Row
 from tests.chaos.scale import SEQUENCE, scale
 from tests.integration.worker_support import Deployment, deployment
 
+CALL_LOG = "calls.jsonl"
+
 
 @dataclass
 class Scenario:
@@ -87,7 +89,7 @@ def start(
         handler_timeout_s=settings.pop("handler_timeout_s", 10.0),
         **settings,
     )
-    call_log = tmp_path / "calls.jsonl"
+    call_log = tmp_path / CALL_LOG
     dead = DeadLetters(bootstrap, dep.failed, id_from_json)
     observer = Observer(
         plan,
