@@ -74,6 +74,8 @@ def test_sigkill_sidecar_during_bulk_replay_then_rerun(
     finally:
         second.stop()
 
+    # copies the killed job left without a ledger entry, recorded by the rerun before deciding
+    recovered = (tmp_path / "sidecar-2.log").read_text(errors="replace").count("entry recovered")
     copies = read_topic(bootstrap, env.main)
     sources = Counter((c.header("retryd_replayed_from") or b"").decode() for c in copies)
     missing = expected - set(sources)
@@ -93,6 +95,7 @@ def test_sigkill_sidecar_during_bulk_replay_then_rerun(
             "duplicates": {"replayed_twice": sum(k - 1 for k in twice.values())},
             "seconds": round(time.monotonic() - began, 1),
             "copies_before_kill": before_kill,
+            "ledger_entries_recovered": recovered,
             "rerun": {k: rerun[k] for k in ("state", "replayed", "skipped", "failed")},
             "rerun_skipped_reasons": rerun["skipped_reasons"],
         }
