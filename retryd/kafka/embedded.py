@@ -67,11 +67,24 @@ def _port_open(port: int) -> bool:
 
 
 class EmbeddedBroker:
-    """Start/stop one Tansu process on a free loopback port; use as a context manager."""
+    """Start/stop one Tansu process on a free loopback port; use as a context manager.
 
-    def __init__(self, port: int | None = None, log_file: Path | None = None) -> None:
+    ``advertised`` (``host:port``) is the address the broker names in its metadata, where
+    clients connect once bootstrapped; by default its own listener. Pointing it at a TCP proxy
+    in front of the listener sends every client connection through that proxy (the chaos
+    suite cuts connections there).
+    """
+
+    def __init__(
+        self, port: int | None = None, log_file: Path | None = None, advertised: str | None = None
+    ) -> None:
         self.port = port or free_port()
         self.log_file = log_file
+        if advertised is not None:
+            host, sep, advertised_port = advertised.rpartition(":")
+            if not (host and sep and advertised_port.isdigit()) or "/" in host:
+                raise ValueError(f"advertised address {advertised!r} is not host:port")
+        self.advertised = advertised
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -79,16 +92,33 @@ class EmbeddedBroker:
         return f"127.0.0.1:{self.port}"
 
     @property
+    def advertised_bootstrap(self) -> str:
+        """Where clients end up connecting: the advertised address, else the listener."""
+        return self.advertised or self.bootstrap
+
+    @property
     def pid(self) -> int | None:
         return self.process.pid if self.process else None
 
+    def command(self, binary: Path) -> list[str]:
+        """The broker's command line: listen on the loopback port, advertise ``advertised``."""
+        url = f"tcp://127.0.0.1:{self.port}"
+        advertised = f"tcp://{self.advertised}" if self.advertised else url
+        return [
+            str(binary),
+            "broker",
+            "--listener-url",
+            url,
+            "--advertised-listener-url",
+            advertised,
+        ]
+
     def start(self, timeout_s: float = 20.0) -> EmbeddedBroker:
         binary = tansu_binary()
-        url = f"tcp://127.0.0.1:{self.port}"
         out = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL  # noqa: SIM115
         try:
             self.process = subprocess.Popen(
-                [str(binary), "broker", "--listener-url", url, "--advertised-listener-url", url],
+                self.command(binary),
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,

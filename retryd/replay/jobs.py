@@ -23,7 +23,7 @@ from typing import Any
 from confluent_kafka import KafkaException, Producer
 
 from retryd.kafka.clients import new_producer
-from retryd.replay import audit
+from retryd.replay import audit, recovery
 from retryd.replay.copies import (
     effective_delivery_timeout_s,
     replay_producer_config,
@@ -99,6 +99,7 @@ class ReplayJob:
         self._inflight = 0
         self._replay_began: float | None = None
         self._finished_mono: float | None = None
+        self._marker: recovery.JobMarker | None = None
 
     # ------------------------------------------------------------------ control
     def start(self) -> ReplayJob:
@@ -134,6 +135,9 @@ class ReplayJob:
             parts = scanner.partitions(self.timeout_s)
             start = {part: 0 for part in parts or []}
             self.ledger.refresh()
+            if not self.spec.dry_run:
+                # Copies an interrupted job left without ledger entries count as replayed.
+                recovery.recover(self.ledger, self.common, self.timeout_s, own_job=self.id)
             self._count(scanner, start)
             if self.spec.dry_run:
                 self._finish("completed", "dry run: nothing was produced")
@@ -142,6 +146,11 @@ class ReplayJob:
                 self._finish("cancelled", "cancelled before replaying")
                 return
             self._set(state="running")
+            targets = {t for t in self.progress.by_target if t != "?"}
+            if targets:  # announced before the first copy: a crash from here on is recoverable
+                self._marker = recovery.begin(
+                    self.ledger, self.common, self.id, targets, self.timeout_s
+                )
             producer = new_producer(self.producer_conf)
             self._replay(scanner, producer, start, REPLAYED)
         except (ReplayError, LedgerError, KafkaException) as exc:
@@ -246,6 +255,9 @@ class ReplayJob:
             if time.monotonic() - last_refresh > LEDGER_REFRESH_S:
                 self.ledger.refresh()  # another process may have replayed some meanwhile
                 last_refresh = time.monotonic()
+            marker = self._marker
+            if marker is not None and time.time() - marker.beat_ms / 1000 > recovery.MARKER_EVERY_S:
+                recovery.beat(self.ledger, marker)
             reason, target = self._decide(rec)
             if reason is None and not self.ledger.try_claim(rec.coord):
                 reason = "in_progress"
@@ -267,7 +279,9 @@ class ReplayJob:
             self._send(producer, rec, target, counter)
             self._position(scanner)
             self._sample()
-        self._drain(producer)
+        settled = self._drain(producer)
+        if self._marker is not None and settled and self.progress.failed == 0:
+            self._close_marker(self._marker)
         self._position(scanner)
         if unprocessed is not None:
             with self._lock:  # the scanner had moved past it: report it as not done
@@ -321,21 +335,32 @@ class ReplayJob:
             on_recorded=recorded,
         )
 
-    def _drain(self, producer: Producer) -> None:
-        """Wait until every copy and its ledger record has a definite outcome. Both producers
-        report every message within their delivery timeout, so this ends by itself; the
-        deadline only guards against a report that never comes."""
+    def _close_marker(self, marker: recovery.JobMarker) -> None:
+        """Every copy has its entry: the job's marker goes. If that write fails the marker
+        stays, and a later job's recovery (finding nothing to record) removes it."""
+        try:
+            if self.ledger.flush() == 0:
+                recovery.finish(self.ledger, marker)
+        except LedgerError as exc:
+            log.warning("replay job %s: could not remove its ledger marker: %s", self.id, exc)
+
+    def _drain(self, producer: Producer) -> bool:
+        """Wait until every copy and its ledger record has a definite outcome (False when some
+        outcomes are still unknown). Both producers report every message within their delivery
+        timeout, so this ends by itself; the deadline only guards against a report that never
+        comes."""
         deadline = time.monotonic() + self.drain_timeout_s
         while time.monotonic() < deadline:
             producer.poll(0.05)
             self.ledger.poll(0.05)
             with self._lock:
                 if self._inflight <= 0:
-                    return
+                    return True
         with self._lock:
             lost, self._inflight = self._inflight, 0
             self.progress.failed += lost
         self._note_error(f"{lost} replay(s) not acknowledged in time (outcome unknown)")
+        return False
 
     # ------------------------------------------------------------------ bookkeeping
     def _done_or_inflight(self) -> int:

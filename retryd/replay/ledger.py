@@ -9,6 +9,9 @@ Record format (one per replayed failed record; compaction keeps the latest per k
 - value: JSON ``{"v": 1, "replay_id", "target_topic", "target_partition", "target_offset",
   "replayed_at_ms", "forced", "by"}``. A value that does not parse still counts as replayed
   (fail safe: never replay twice because of a bad ledger record).
+- *job markers* (``retryd.replay.recovery``): key ``"#job/<job id>"`` (``#`` never occurs in a
+  topic name, so a marker is never a record's key), value the JSON of a bulk job still running
+  or interrupted; a tombstone once the job finished. Kept apart from the entries (``markers``).
 
 API::
 
@@ -28,7 +31,9 @@ API::
 Ordering contract for a replay: produce the replayed copy and wait for its ack, *then* write
 the ledger record and wait for its ack; only then does the replay count. If the ledger write
 fails the copy exists but is not remembered: the record may be replayed again (at-least-once,
-never lost).
+never lost). For bulk jobs, a process that dies between the two writes is covered by the job
+markers: the next job finds the copies an interrupted job left without entries and records
+them (``retryd.replay.recovery``).
 
 Reading: ``refresh`` either reads every partition to its current end or raises
 (``LedgerIncomplete`` when its deadline passed first, ``BrokerUnavailable`` when Kafka does not
@@ -74,6 +79,8 @@ from retryd.replay.records import Coord
 from retryd.replay.scan import TopicScanner
 
 log = logging.getLogger(__name__)
+
+MARKER_PREFIX = "#job/"
 
 
 class LedgerError(RetrydError):
@@ -136,6 +143,7 @@ class ReplayLedger:
         self.timeout_s = timeout_s
         self.delivery_timeout_s = delivery_timeout_s
         self._entries: dict[str, LedgerEntry] = {}
+        self._markers: dict[str, bytes] = {}  # job id -> marker JSON (unfinished jobs)
         self._positions: dict[int, int] = {}
         self._scanner: TopicScanner | None = None
         self._producer: Producer | None = None
@@ -213,6 +221,14 @@ class ReplayLedger:
 
     def _apply(self, msg: Message) -> None:
         key = (msg.key() or b"").decode("utf-8", errors="replace")
+        if key.startswith(MARKER_PREFIX):
+            job_id = key[len(MARKER_PREFIX) :]
+            value = msg.value()
+            if value is None:
+                self._markers.pop(job_id, None)
+            else:
+                self._markers[job_id] = value
+            return
         if msg.value() is None:
             self._entries.pop(key, None)  # tombstone: forgotten
         else:
@@ -228,6 +244,44 @@ class ReplayLedger:
     def __len__(self) -> int:
         with self._lock:
             return len(self._entries)
+
+    def markers(self) -> dict[str, bytes]:
+        """Job markers as of the last refresh or write: job id -> marker JSON."""
+        with self._lock:
+            return dict(self._markers)
+
+    def write_marker(self, job_id: str, value: bytes | None, *, wait: bool) -> None:
+        """Write (or, with ``value=None``, delete) a job's marker; with ``wait``, return only
+        once the broker acknowledged it (raises LedgerError otherwise)."""
+        key = MARKER_PREFIX + job_id
+        producer = self._get_producer()
+        result: list[KafkaError | None] = []
+
+        def delivered(err: KafkaError | None, msg: Message) -> None:
+            if err is None:
+                with self._lock:
+                    if value is None:
+                        self._markers.pop(job_id, None)
+                    else:
+                        self._markers[job_id] = value
+            result.append(err)
+
+        while True:
+            try:
+                producer.produce(self.topic, key=key.encode(), value=value, on_delivery=delivered)
+                break
+            except BufferError:
+                producer.poll(0.05)
+        producer.poll(0)
+        if not wait:
+            return
+        deadline = time.monotonic() + self.timeout_s * 3
+        while not result and time.monotonic() < deadline:
+            self.poll(0.05)
+        if not result:
+            raise LedgerError(f"ledger marker for job {job_id} not acknowledged in time")
+        if result[0] is not None:
+            raise LedgerError(f"ledger marker for job {job_id} failed: {result[0].str()}")
 
     # ------------------------------------------------------------------ writing
     def _get_producer(self) -> Producer:

@@ -1,0 +1,1 @@
+"""The chaos suite: fault injection with a ledger check (README, "Reliability")."""
