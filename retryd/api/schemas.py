@@ -38,6 +38,9 @@ class WorkerState(BaseModel):
     state: str
     age_seconds: float
     alive: bool
+    liveness: Literal["alive", "stopping", "stale"] = Field(
+        description="judged from the heartbeat file alone: fresh and not stopping = alive"
+    )
     assigned_partitions: int
     paused_partitions: int
 

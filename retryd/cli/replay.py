@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from retryd.cli.app import ConfigOption, app, settings_or_exit
+from retryd.cli.app import BootstrapOption, ConfigOption, app, settings_or_exit
 from retryd.errors import RetrydError
 
 DELIVERY_TIMEOUT_S = 30.0  # a copy's (and a ledger record's) delivery report comes within this
@@ -40,7 +40,7 @@ def replay(
     dry_run: bool = typer.Option(False, "--dry-run", help="count only; produce nothing"),
     force: bool = typer.Option(False, "--force", help="replay records the ledger already has"),
     as_json: bool = typer.Option(False, "--json", help="print the final progress as JSON"),
-    bootstrap_servers: str | None = typer.Option(None),
+    bootstrap_servers: str | None = BootstrapOption,
     failed_topic: str | None = typer.Option(None),
     main_topics: str | None = typer.Option(None, help="comma list (the default allow-list)"),
 ) -> None:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import typer
 from rich.console import Console
 
-from retryd.cli.app import ConfigOption, app, settings_or_exit
+from retryd.cli.app import BootstrapOption, ConfigOption, app, settings_or_exit
 from retryd.errors import RetrydError
 
 if TYPE_CHECKING:
@@ -40,7 +40,6 @@ ChunkOption = typer.Option(
     None, "--max-records-per-partition", min=1, help="split offset ranges into tasks of this size"
 )
 ConfOption = typer.Option(None, "--spark-conf", help="extra Spark setting KEY=VALUE (repeatable)")
-BootstrapOption = typer.Option(None, "--bootstrap-servers")
 
 
 def _parse_conf(items: list[str] | None) -> dict[str, str]:

@@ -30,6 +30,7 @@ _SECRET_KEY_RE = re.compile(
     r"(password|secret|token|credential|\.key$|key\.pem|oauthbearer\.config)"
 )
 _KAFKA_KEY_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+_LEVELS = {"debug", "info", "warning", "error"}
 _TOML_DATA: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
     "retryd_toml", default=None
 )
@@ -41,6 +42,23 @@ class Role(enum.StrEnum):
     ALL = "all"
     MAIN = "main"
     TIERS = "tiers"
+
+
+class LogLevel(enum.StrEnum):
+    """The least severe log records written."""
+
+    DEBUG = "DEBUG"
+    INFO = "INFO"
+    WARNING = "WARNING"
+    ERROR = "ERROR"
+
+
+class LogFormat(enum.StrEnum):
+    """``text``: one readable line per record; ``json``: one JSON object per line, for log
+    collectors (retryd.runtime.logs)."""
+
+    TEXT = "text"
+    JSON = "json"
 
 
 class Ordering(enum.StrEnum):
@@ -143,6 +161,11 @@ class Settings(BaseSettings):
     ledger_topic: str = "retryd_replay_ledger"
     readiness_timeout_s: float = Field(default=2.0, gt=0)
     heartbeat_stale_s: float = Field(default=15.0, gt=0)
+    # How often the sidecar measures lag, the dead-letter backlog and the replay ledger
+    metrics_interval_s: float = Field(default=5.0, gt=0, le=300)
+    # Logging (the --log-level / --log-format flags override these)
+    log_level: LogLevel = LogLevel.INFO
+    log_format: LogFormat = LogFormat.TEXT
 
     @classmethod
     def settings_customise_sources(
@@ -170,6 +193,14 @@ class Settings(BaseSettings):
     def _blank_path(cls, value: Any) -> Any:
         # FOO_FILE= (blank, as compose files pass unset variables) means "not set".
         return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("log_level", "log_format", mode="before")
+    @classmethod
+    def _log_case(cls, value: Any) -> Any:
+        # RETRYD_LOG_LEVEL=info and log_format = "JSON" mean the obvious thing
+        if not isinstance(value, str):
+            return value
+        return value.strip().upper() if value.strip().lower() in _LEVELS else value.strip().lower()
 
     @field_validator("kafka", mode="before")
     @classmethod

@@ -45,7 +45,11 @@ ABANDONED = Counter(
 SKIPPED = Counter(
     "retryd_skipped", "Tier records not handled here, by reason (e.g. other_group)", ["reason"]
 )
-REPLAYED = Counter("retryd_replayed", "Replayed failed records by status", ["status"])
+# ``replayed`` is served from the replay ledger (retryd.metrics.replays: every source, once per
+# replay); the increments here count this process's ``skipped`` and ``failed`` replays.
+REPLAYED = Counter(
+    "retryd_replayed", "Replayed failed records by status and source", ["status", "source"]
+)
 BUILD_INFO = Gauge("retryd_build_info", "retryd version", ["version"], multiprocess_mode="livemax")
 
 
