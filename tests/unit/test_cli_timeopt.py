@@ -1,0 +1,37 @@
+"""--since/--until: ISO-8601 (UTC without an offset) and relative forms, one 'now'."""
+
+from __future__ import annotations
+
+import pytest
+
+from retryd.cli.timeopt import parse_instant
+from retryd.errors import ConfigError
+
+NOW = 1_700_000_000_000
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("now", NOW),
+        ("2h", NOW - 7_200_000),
+        ("2h ago", NOW - 7_200_000),
+        ("1h30m", NOW - 5_400_000),
+        ("90s", NOW - 90_000),
+        ("1w", NOW - 604_800_000),
+        ("2023-11-14", 1_699_920_000_000),
+        ("2023-11-14T22:13:20Z", NOW),
+        ("2023-11-14T22:13:20", NOW),
+        ("2023-11-15T00:13:20+02:00", NOW),
+        ("2023-11-14T22:13:20.250Z", NOW + 250),
+    ],
+)
+def test_forms(text: str, expected: int) -> None:
+    assert parse_instant(text, NOW) == expected
+
+
+@pytest.mark.parametrize("text", ["", "yesterday", "5x", "-2h", "1969-12-31", "2h from now"])
+def test_rejected_with_one_line(text: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_instant(text, NOW)
+    assert len(info.value.problems) == 1
