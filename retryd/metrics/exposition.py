@@ -120,14 +120,16 @@ class SidecarCollector(Collector):
             merged = sanitize(merged, self.routes)
         out: list[Metric] = []
         lag_family: Metric | None = None
+        replayed: Metric | None = None
         for fam in merged:
             if fam.name == LAG:
                 lag_family = fam
             elif fam.name == REPLAYED:
-                out.append(self._replayed(fam))
+                replayed = fam
             else:
                 out.append(fam)
         out.append(self._lag(lag_family))
+        out.append(self._replayed(replayed))
         if self.lag is not None:
             backlog = GaugeMetricFamily(
                 BACKLOG, "Records in failed_topic (measured by the sidecar)", labels=["topic"]
@@ -171,11 +173,12 @@ class SidecarCollector(Collector):
                 gauge.samples.append(s._replace(name=LAG, labels=labels))
         return gauge
 
-    def _replayed(self, fam: Metric) -> Metric:
+    def _replayed(self, fam: Metric | None) -> Metric:
         """The sidecar's own ``skipped``/``failed`` counts, plus ``replayed`` from the ledger
         (its own ``replayed`` increments would count its replays twice)."""
-        out = Metric(fam.name, fam.documentation, fam.type, fam.unit)
-        out.samples = [s for s in fam.samples if s.labels.get("status") != "replayed"]
+        out = Metric(REPLAYED, "Replayed failed records by status and source", "counter")
+        if fam is not None:
+            out.samples = [s for s in fam.samples if s.labels.get("status") != "replayed"]
         if self.ledger is not None:
             for source, n in self.ledger.counts().items():
                 labels = {"status": "replayed", "source": source}

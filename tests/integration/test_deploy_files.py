@@ -24,6 +24,7 @@ import yaml
 
 from retryd.cli import app
 from retryd.config import Settings, load_settings
+from tests.integration.prometheus_support import substitute
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
@@ -48,6 +49,12 @@ SPEC_METRICS = {
     "retryd_abandoned_handlers_total": "counter",
     "retryd_skipped_total": "counter",
 }
+# Served by the sidecar itself (measured there, not in the workers' registry).
+SIDECAR_METRICS = {
+    "retryd_workers_alive": "gauge",
+    "retryd_failed_backlog": "gauge",
+}
+ALL_METRICS = {**SPEC_METRICS, **SIDECAR_METRICS}
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 METRIC_RE = re.compile(r"\b(retryd_[a-z0-9_]+)\b")
 INTERPOLATION_RE = re.compile(r"\$\{(\w+)(?::?-([^}]*))?\}")
@@ -83,13 +90,20 @@ def dashboard_exprs(dashboard: dict[str, Any]) -> list[str]:
 
 
 def spec_base(metric: str) -> str | None:
-    if metric in SPEC_METRICS:
+    if metric in ALL_METRICS:
         return metric
     for suffix in HISTOGRAM_SUFFIXES:
         base = metric.removesuffix(suffix)
-        if base != metric and SPEC_METRICS.get(base) == "histogram":
+        if base != metric and ALL_METRICS.get(base) == "histogram":
             return base
     return None
+
+
+def test_every_metric_is_in_the_spec() -> None:
+    spec = (REPO / "docs" / "spec.md").read_text(encoding="utf-8")
+    section = spec.split("## 4.")[1].split("## 5.")[0]
+    for name in ALL_METRICS:
+        assert f"`{name.removesuffix('_total')}" in section, f"{name} is not in spec section 4"
 
 
 # --- YAML and JSON ------------------------------------------------------------------------------
@@ -240,13 +254,23 @@ def test_grafana_provisioning_matches_the_stack(
     (provider,) = load_yaml(PROVISIONING / "dashboards" / "retryd.yml")["providers"]
     assert mounts["./deploy/grafana/dashboards"] == provider["options"]["path"]
     assert mounts["./deploy/grafana/provisioning"] == "/etc/grafana/provisioning"
+    # Importable into any Grafana: every panel and query uses the datasource variable.
     uids = {
         t["datasource"]["uid"]
         for p in dashboard["panels"]
         if p.get("type") != "row"
         for t in [p, *p["targets"]]
     }
-    assert uids == {datasource["uid"]}
+    assert uids == {"${datasource}"}
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource"
+    assert variables["datasource"]["query"] == datasource["type"]
+    for name in ("job", "group", "instance", "topic"):
+        assert variables[name]["datasource"]["uid"] == "${datasource}"
+        assert variables[name]["includeAll"] and variables[name]["allValue"] == ".*"
+    assert "prometheus" not in json.dumps(dashboard).replace('"type": "prometheus"', "").replace(
+        '"query": "prometheus"', ""
+    ).replace("Prometheus", ""), "no datasource uid or name hard-coded"
 
 
 # --- Dockerfile ---------------------------------------------------------------------------------
@@ -349,8 +373,12 @@ def test_dashboard_queries_only_spec_metrics(dashboard: dict[str, Any]) -> None:
     unknown = {m for m in used if spec_base(m) is None}
     assert not unknown, f"dashboard queries metrics the spec does not name: {sorted(unknown)}"
     covered = {spec_base(m) for m in used}
-    assert covered == set(SPEC_METRICS), f"not on the dashboard: {set(SPEC_METRICS) - covered}"
-    variable_queries = [v["definition"] for v in dashboard["templating"]["list"]]
+    assert covered == set(ALL_METRICS), f"not on the dashboard: {set(ALL_METRICS) - covered}"
+    # every query filters by the job and group variables (instance: per-pod facts only)
+    for expr in exprs:
+        for selector in re.findall(r"retryd_\w+\{([^}]*)\}", expr):
+            assert 'job=~"$job"' in selector and 'group=~"$group"' in selector, expr
+    variable_queries = [v.get("definition", "") for v in dashboard["templating"]["list"]]
     assert all(spec_base(m) for q in variable_queries for m in METRIC_RE.findall(q))
 
 
@@ -364,7 +392,10 @@ def test_dashboard_shape(dashboard: dict[str, Any]) -> None:
         "Handler duration p50 / p99",
         "Due lateness p50 / p99",
         "Paused partitions",
-        "Consumer lag",
+        "Main-topic lag",
+        "Tier backlog",
+        "Dead letters waiting",
+        "Workers alive",
         "Rebalances",
         "Replays by status",
     ):
@@ -423,11 +454,11 @@ def test_promtool_alert_unit_tests() -> None:
 @needs_promtool
 def test_promtool_parses_every_dashboard_query(dashboard: dict[str, Any], tmp_path: Path) -> None:
     """Each dashboard query, with Grafana's variables filled in, as a recording rule."""
-    substitutions = {"$__rate_interval": "1m", "$__range": "1h", "$topic": ".*"}
+    values = {"__rate_interval": "1m", "__range": "1h", "topic": ".*", "job": ".*"}
+    values |= {"group": ".*", "instance": ".*"}
     rules = []
     for i, expr in enumerate(dashboard_exprs(dashboard)):
-        for var, value in substitutions.items():
-            expr = expr.replace(var, value)
+        expr = substitute(expr, values)
         assert "$" not in expr, expr
         rules.append({"record": f"retryd:dashboard_query_{i}", "expr": expr})
     path = tmp_path / "dashboard_rules.yml"
