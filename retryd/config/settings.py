@@ -13,7 +13,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import (
+    Field,
+    PrivateAttr,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     EnvSettingsSource,
@@ -103,14 +110,41 @@ class _EnvSource(EnvSettingsSource):
             return value
 
 
+def read_kafka_file(path: Path) -> tuple[dict[str, str], list[str]]:
+    """librdkafka options from a properties file: ``key=value`` per line, ``#`` comments.
+
+    Read once at start-up (a Kubernetes Secret mounted as a file: restart to pick up a change).
+    Problems name the line and the key, never a value (the file holds credentials)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        return {}, [f"kafka_file: cannot read {path} ({exc.__class__.__name__})"]
+    options: dict[str, str] = {}
+    problems: list[str] = []
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith(("#", "!")):
+            continue
+        key, sep, value = line.partition("=")
+        key = key.strip()
+        if not sep or not _KAFKA_KEY_RE.match(key):
+            problems.append(f"kafka_file {path} line {number}: expected key=value")
+            continue
+        options[key] = value.strip()
+    return options, problems
+
+
 class Settings(BaseSettings):
     """Every setting retryd reads. ``config/retryd.toml`` documents each one."""
 
     model_config = SettingsConfigDict(env_prefix="RETRYD_", frozen=True, extra="forbid")
+    _kafka_from_file: dict[str, str] = PrivateAttr(default_factory=dict)
 
     # Cluster
     bootstrap_servers: str = "localhost:9092"
     kafka: dict[str, str] = Field(default_factory=dict)
+    # librdkafka options from a file (key=value lines), e.g. SASL credentials from a Secret
+    kafka_file: Path | None = None
     # Topics and retry policy
     main_topics: Annotated[list[str], NoDecode] = Field(default_factory=list)
     retry_sequence: str = "5m,5m,30m,30m,30m,1h"
@@ -183,6 +217,7 @@ class Settings(BaseSettings):
     )(_split_list)
 
     @field_validator(
+        "kafka_file",
         "api_token_file",
         "api_tokens_file",
         "sidecar_tls_cert_file",
@@ -288,6 +323,10 @@ class Settings(BaseSettings):
                 "sidecar_tls_cert_file and sidecar_tls_key_file must be set together (TLS "
                 "needs both the certificate and its private key)"
             )
+        if self.kafka_file is not None:
+            options, file_problems = read_kafka_file(self.kafka_file)
+            problems.extend(file_problems)
+            self._kafka_from_file = options
         if problems:
             raise ValueError("; ".join(problems))
         return self
@@ -308,8 +347,9 @@ class Settings(BaseSettings):
         )
 
     def kafka_common(self) -> dict[str, str]:
-        """Cluster options shared by every client (security settings included)."""
-        return {"bootstrap.servers": self.bootstrap_servers, **self.kafka}
+        """Cluster options shared by every client (security settings included): the
+        ``[kafka]`` table, then ``kafka_file`` over it."""
+        return {"bootstrap.servers": self.bootstrap_servers, **self.kafka, **self._kafka_from_file}
 
     def safe_summary(self) -> dict[str, Any]:
         """Settings fit for a log line: secrets redacted."""
