@@ -58,8 +58,6 @@ ALL_METRICS = {**SPEC_METRICS, **SIDECAR_METRICS}
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 METRIC_RE = re.compile(r"\b(retryd_[a-z0-9_]+)\b")
 INTERPOLATION_RE = re.compile(r"\$\{(\w+)(?::?-([^}]*))?\}")
-# commands the stack references before their implementation lands
-PENDING_COMMANDS = {"sidecar": "retryd sidecar is not implemented yet"}
 
 
 def load_yaml(path: Path) -> Any:
@@ -138,8 +136,10 @@ def test_compose_has_the_stack(compose: dict[str, Any]) -> None:
     for name in (
         "kafka",
         "retryd-topics",
+        "business",
         "retryd-worker",
         "retryd-sidecar",
+        "traffic",
         "prometheus",
         "grafana",
     ):
@@ -154,6 +154,38 @@ def test_compose_has_the_stack(compose: dict[str, Any]) -> None:
     # the one-shot runs before the worker, and the worker after the topics exist
     worker_deps = services["retryd-worker"]["depends_on"]
     assert worker_deps["retryd-topics"]["condition"] == "service_completed_successfully"
+    assert worker_deps["business"]["condition"] == "service_healthy"
+
+
+def test_compose_runs_http_mode_without_a_shared_pid_namespace(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    assert not any("pid" in svc for svc in services.values()), "no shared PID namespace"
+    business = services["business"]["command"]
+    port = business[business.index("--port") + 1]
+    handler = services["retryd-worker"]["environment"]["RETRYD_HANDLER"]
+    assert handler == f"http://business:{port}/handle"
+    # worker and sidecar meet only in the state volume
+    state = "/var/lib/retryd"
+    mounts = {
+        name: {m.split(":")[0] for m in services[name]["volumes"] if m.split(":")[1] == state}
+        for name in ("retryd-worker", "retryd-sidecar")
+    }
+    assert mounts["retryd-worker"] == mounts["retryd-sidecar"] == {"retryd-state"}
+    # the traffic producer writes to a main topic the worker consumes
+    traffic = services["traffic"]["command"]
+    topic = traffic[traffic.index("--topic") + 1]
+    assert topic in interpolate(compose["x-retryd-env"]["RETRYD_MAIN_TOPICS"]).split(",")
+
+
+@pytest.mark.parametrize("service", ["business", "traffic"])
+def test_demo_service_variables_are_options(compose: dict[str, Any], service: str) -> None:
+    """FAIL_SHARE and friends are read by the command (its options' environment variables)."""
+    svc = compose["services"][service]
+    command, _ = command_of(typer.main.get_command(app), svc["command"])
+    envvars = {e for p in command.params for e in ([p.envvar] if isinstance(p.envvar, str) else [])}
+    for key in svc["environment"]:
+        if not key.startswith("RETRYD_"):
+            assert key in envvars, f"{service}: {key} is read by nothing"
 
 
 def test_compose_references_exist(compose: dict[str, Any]) -> None:
@@ -183,8 +215,12 @@ def retryd_services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def test_retryd_environment_is_valid_settings(
     compose: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    services = retryd_services(compose)
-    assert len(services) >= 3
+    services = {
+        n: s
+        for n, s in retryd_services(compose).items()
+        if any(k.startswith("RETRYD_") for k in s["environment"])
+    }
+    assert len(services) >= 4
     for name, svc in services.items():
         env = {k: interpolate(str(v)) for k, v in svc["environment"].items()}
         for key in env:
@@ -211,14 +247,24 @@ def command_of(group: Any, tokens: list[str]) -> tuple[Any, list[str]]:
     return command, rest
 
 
-@pytest.mark.parametrize("service", ["retryd-topics", "retryd-worker", "retryd-sidecar"])
+@pytest.mark.parametrize(
+    "service", ["retryd-topics", "business", "retryd-worker", "retryd-sidecar", "traffic"]
+)
 def test_compose_commands_exist(compose: dict[str, Any], service: str) -> None:
-    tokens = compose["services"][service]["command"]
+    svc = compose["services"][service]
+    check_command(svc["command"], service)
+    health = svc.get("healthcheck", {})
+    if not health.get("disable"):
+        test = health["test"]
+        assert test[:2] == ["CMD", "retryd"], f"{service}: healthcheck by retryd, no inline code"
+        check_command(test[2:], f"{service} healthcheck")
+
+
+def check_command(tokens: list[str], service: str) -> None:
     root = typer.main.get_command(app)
     command, rest = command_of(root, tokens)
-    if command is None and tokens[0] in PENDING_COMMANDS:
-        pytest.skip(PENDING_COMMANDS[tokens[0]])
     assert command is not None, f"{service}: no command {' '.join(tokens)}"
+    assert not hasattr(command, "commands"), f"{service}: {tokens} names a group, not a command"
     known = {opt for param in command.params for opt in getattr(param, "opts", [])}
     for token in rest:
         if token.startswith("-"):
