@@ -23,8 +23,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from retryd.cli.app import BootstrapOption, ConfigOption, app, settings_or_exit
-from retryd.cli.timeopt import FORMS, parse_instant
 from retryd.errors import ConfigError, RetrydError
+from retryd.policy.timeopt import FORMS, parse_instant
 
 DELIVERY_TIMEOUT_S = 30.0  # a copy's (and a ledger record's) delivery report comes within this
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from retryd.cli.timeopt import parse_instant
 from retryd.errors import ConfigError
+from retryd.policy.timeopt import parse_instant
 
 NOW = 1_700_000_000_000
 
@@ -35,3 +35,15 @@ def test_rejected_with_one_line(text: str) -> None:
     with pytest.raises(ConfigError) as info:
         parse_instant(text, NOW)
     assert len(info.value.problems) == 1
+
+
+def test_the_api_pattern_admits_every_accepted_form() -> None:
+    import re
+
+    from retryd.policy.timeopt import TIME_PATTERN
+
+    for text in ("now", "2h", "2h ago", "1h30m", "90s", "2023-11-14", "2023-11-14T22:13:20Z"):
+        assert re.match(TIME_PATTERN, text), text
+        parse_instant(text, NOW)
+    for text in ("yesterday", "5x", "", "-2h"):
+        assert not re.match(TIME_PATTERN, text), text

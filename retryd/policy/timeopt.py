@@ -21,6 +21,13 @@ from retryd.errors import ConfigError
 UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
 _PART_RE = re.compile(r"(\d+)\s*(ms|s|m|h|d|w)", re.ASCII)
 _RELATIVE_RE = re.compile(r"^(?:\d+\s*(?:ms|s|m|h|d|w)\s*)+(?:ago)?$", re.ASCII)
+# The shape of the accepted forms, for the HTTP API's schema (a value of this shape may still be
+# refused: a 13th month, a time before 1970).
+TIME_PATTERN = (
+    r"^(now|([0-9]{1,9} ?(ms|s|m|h|d|w) ?)+(ago)?|"
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}([T ][0-9]{2}(:[0-9]{2}(:[0-9]{2}([.][0-9]{1,6})?)?)?"
+    r"(Z|[+-][0-9]{2}:?[0-9]{2})?)?)$"
+)
 FORMS = "ISO-8601 (2024-05-01, 2024-05-01T10:00:00Z) or relative (30m, 2h, 7d, 1h30m ago)"
 
 
