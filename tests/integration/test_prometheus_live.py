@@ -36,6 +36,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from retryd.kafka.embedded import free_port
 from retryd.policy.headers import Envelope, routed_headers
+from retryd.replay.ledger import LedgerEntry, ReplayLedger
 from tests.integration.prometheus_support import (
     ALERTS,
     ALERTS_TEST,
@@ -209,6 +210,20 @@ def test_dashboard_and_alerts_on_real_prometheus(bootstrap: str, tmp_path: Path)
         # The panel takes them once (increase() extrapolates a little: never twice as many).
         panel = {dict(k).get("source"): v for k, v in prom.values(replay_expr).items()}
         assert replayed <= panel["cli"] < 1.5 * replayed, (panel, replayed)
+        # A Spark task's replay leaves the same trace: a ledger entry naming spark@<host>
+        # (written here with the ReplayLedger the task uses, without starting Spark).
+        ledger = ReplayLedger({"bootstrap.servers": bootstrap}, pods[0].env.ledger)
+        try:
+            ledger.record(f"{pods[0].env.failed}/0/999999", LedgerEntry("r-spark", by="spark@x"))
+        finally:
+            ledger.close()
+        spark = counted.replace('source="cli"', 'source="spark"')
+        wait_for(
+            lambda: list(prom.values(spark).values()) == [1.0, 1.0],
+            60,
+            0.5,
+            "a Spark replay counted from the ledger by both sidecars",
+        )
 
         # Every panel returns data; every variable has values; every alert expression runs.
         missing: list[str] = []
