@@ -178,7 +178,11 @@ class SidecarCollector(Collector):
         (its own ``replayed`` increments would count its replays twice)."""
         out = Metric(REPLAYED, "Replayed failed records by status and source", "counter")
         if fam is not None:
-            out.samples = [s for s in fam.samples if s.labels.get("status") != "replayed"]
+            out.samples = [
+                s._replace(labels={**s.labels, "source": "sidecar"})
+                for s in fam.samples
+                if s.labels.get("status") != "replayed"
+            ]
         if self.ledger is not None:
             for source, n in self.ledger.counts().items():
                 labels = {"status": "replayed", "source": source}

@@ -45,11 +45,9 @@ ABANDONED = Counter(
 SKIPPED = Counter(
     "retryd_skipped", "Tier records not handled here, by reason (e.g. other_group)", ["reason"]
 )
-# ``replayed`` is served from the replay ledger (retryd.metrics.replays: every source, once per
-# replay); the increments here count this process's ``skipped`` and ``failed`` replays.
-REPLAYED = Counter(
-    "retryd_replayed", "Replayed failed records by status and source", ["status", "source"]
-)
+# The sidecar serves ``replayed`` from the replay ledger (retryd.metrics.replays: every source,
+# once per replay) and these counts of its own ``skipped`` and ``failed`` with source="sidecar".
+REPLAYED = Counter("retryd_replayed", "Replayed failed records by status", ["status"])
 BUILD_INFO = Gauge("retryd_build_info", "retryd version", ["version"], multiprocess_mode="livemax")
 
 

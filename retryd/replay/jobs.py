@@ -23,7 +23,6 @@ from typing import Any
 from confluent_kafka import KafkaException, Producer
 
 from retryd.kafka.clients import new_producer
-from retryd.metrics.replays import source_of
 from retryd.replay import audit
 from retryd.replay.copies import (
     effective_delivery_timeout_s,
@@ -255,7 +254,7 @@ class ReplayJob:
                     self.progress.skipped += 1
                     self.progress.skipped_reasons[reason] += 1
                 if reason == "already_replayed":
-                    counter.labels(status="skipped", source=source_of(self.by)).inc()
+                    counter.labels(status="skipped").inc()
                 self._position(scanner)
                 continue
             assert target is not None
@@ -299,9 +298,7 @@ class ReplayJob:
                 else:
                     self.progress.failed += 1
                     self._note_error(error)
-            counter.labels(
-                status="replayed" if error is None else "failed", source=source_of(self.by)
-            ).inc()
+            counter.labels(status="replayed" if error is None else "failed").inc()
             self.ledger.release(coord)
 
         def idle(seconds: float) -> None:

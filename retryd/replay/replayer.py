@@ -15,7 +15,6 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from retryd.kafka.clients import new_producer
-from retryd.metrics.replays import source_of
 from retryd.replay import audit
 from retryd.replay.copies import (
     effective_delivery_timeout_s,
@@ -80,7 +79,6 @@ class Replayer:
         self.ledger = ledger
         self.policy = policy
         self.by_prefix = by
-        self.source = source_of(by)
         self.timeout_s = timeout_s
         self.conf = replay_producer_config(common, delivery_timeout_s)
         # Wait for the delivery report itself (it comes within message.timeout.ms), so a copy
@@ -127,7 +125,7 @@ class Replayer:
                     raise BrokerUnavailable(f"cannot read the replay ledger: {exc}") from exc
                 previous = self.ledger.get(coord)
                 if previous is not None and not force:
-                    REPLAYED.labels(status="skipped", source=self.source).inc()
+                    REPLAYED.labels(status="skipped").inc()
                     raise AlreadyReplayed(
                         f"record {coord} was already replayed (replay_id={previous.replay_id}, "
                         f"to {previous.target_topic}); use force=true to replay it again",
@@ -152,7 +150,7 @@ class Replayer:
                 try:
                     self.ledger.record(coord, entry)
                 except LedgerError as exc:
-                    REPLAYED.labels(status="failed", source=self.source).inc()
+                    REPLAYED.labels(status="failed").inc()
                     log.error(
                         "%s[%d]@%d replayed to %s[%d]@%d but %s",
                         rec.topic,
@@ -170,7 +168,7 @@ class Replayer:
                 concurrent = tuple(self._competing(coord, entry))
         except LedgerError as exc:  # claim timeout
             raise ReplayFailed(str(exc)) from exc
-        REPLAYED.labels(status="replayed", source=self.source).inc()
+        REPLAYED.labels(status="replayed").inc()
         audit.replayed(
             actor=actor,
             record=str(coord),
@@ -222,7 +220,7 @@ class Replayer:
         if err is not None:
             from retryd.metrics.registry import REPLAYED
 
-            REPLAYED.labels(status="failed", source=self.source).inc()
+            REPLAYED.labels(status="failed").inc()
             raise ReplayFailed(f"producing the copy to {topic} failed: {err.str()}")
         return msg.partition() or 0, msg.offset() or 0
 
