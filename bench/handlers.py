@@ -48,8 +48,10 @@ def tiers(message: Any) -> None:
         if due is not None:
             _LATENESS.append(int(time.time() * 1000) - int(due))
             if _DETAIL is not None:
-                _DETAIL.append(f"{message.topic} {message.partition} {message.offset} "
-                               f"{int(time.time() * 1000)} {int(due)}")
+                _DETAIL.append(
+                    f"{message.topic} {message.partition} {message.offset} "
+                    f"{int(time.time() * 1000)} {int(due)}"
+                )
     value = message.value or b"0"
     if message.retry_number < value[0] - 48:
         raise RuntimeError("bench: not yet")

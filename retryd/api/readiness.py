@@ -1,4 +1,9 @@
-"""Readiness: is the broker answering, and are the workers on this host alive?
+"""Readiness: is the broker answering, and are the workers sharing the state dir alive?
+
+Workers are judged by their heartbeat files alone (``retryd.runtime.heartbeat.liveness``):
+fresh within ``heartbeat_stale_s`` and not ``stopping``. No PID is looked up, so the sidecar
+works in its own container of a Kubernetes pod (no ``shareProcessNamespace``), in compose
+without ``pid: service:…``, or on another host sharing the directory.
 
 Two views of one probe. Anyone may ask ``/readyz`` (Kubernetes does, without credentials) and
 gets the status and reason *codes* from ``REASONS`` only: no bootstrap hosts, paths, PIDs or
@@ -25,7 +30,7 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 from retryd.config import Settings
-from retryd.runtime.heartbeat import pid_alive, read_heartbeats
+from retryd.runtime.heartbeat import ALIVE, STALE, STOPPING, liveness, read_heartbeats
 
 BROKER_UNREACHABLE = "broker_unreachable"
 NO_LIVE_WORKER = "no_live_worker"
@@ -89,45 +94,52 @@ def probe(settings: Settings, admin: Callable[[], AdminClient]) -> ReadinessRepo
     report.broker = broker
     workers = worker_states(settings)
     stale = settings.heartbeat_stale_s
-    if not any(w["alive"] for w in workers):
+    if not any(w["liveness"] == ALIVE for w in workers):
+        stopping = sum(1 for w in workers if w["liveness"] == STOPPING)
         report.add(
             NO_LIVE_WORKER,
-            f"no live worker process on this host (no heartbeat newer than {stale:g}s in "
-            f"{settings.state_dir / 'heartbeats'})",
+            f"no live worker process (no heartbeat newer than {stale:g}s"
+            + (f"; {stopping} stopping" if stopping else "")
+            + f" in {settings.state_dir / 'heartbeats'})",
         )
     for w in workers:
-        if w["pid_running"] and not w["alive"]:
+        if w["liveness"] == STALE:
             report.add(
                 WORKER_HEARTBEAT_STALE,
-                f"worker pid {w['pid']} is running but its heartbeat is "
-                f"{w['age_seconds']:.0f}s old (stale after {stale:g}s)",
+                f"worker pid {w['pid']} stopped beating {w['age_seconds']:.0f}s ago (stale "
+                f"after {stale:g}s): hung, or killed without removing its heartbeat",
             )
-    for w in workers:
-        w.pop("pid_running")
     report.workers = workers
     return report
 
 
-def worker_states(settings: Settings) -> list[dict[str, Any]]:
-    now = time.time()
+def worker_states(settings: Settings, now: float | None = None) -> list[dict[str, Any]]:
+    """Every heartbeat in the state dir with its liveness (see the module docstring)."""
+    now = time.time() if now is None else now
     out = []
     for hb in read_heartbeats(settings.state_dir):
-        age = max(0.0, now - hb.ts)
-        running = pid_alive(hb.pid)
+        judged = liveness(hb, now, settings.heartbeat_stale_s)
         out.append(
             {
                 "pid": hb.pid,
                 "role": hb.role,
                 "group_id": hb.group_id,
                 "state": hb.state,
-                "age_seconds": round(age, 3),
-                "alive": running and age <= settings.heartbeat_stale_s,
-                "pid_running": running,
+                "age_seconds": round(max(0.0, now - hb.ts), 3),
+                "alive": judged == ALIVE,
+                "liveness": judged,
                 "assigned_partitions": hb.assigned_partitions,
                 "paused_partitions": hb.paused_partitions,
             }
         )
     return out
+
+
+def alive_workers(settings: Settings, now: float | None = None) -> int:
+    """How many worker processes are alive: the ``retryd_workers_alive`` gauge."""
+    now = time.time() if now is None else now
+    stale = settings.heartbeat_stale_s
+    return sum(1 for hb in read_heartbeats(settings.state_dir) if liveness(hb, now, stale) == ALIVE)
 
 
 class ReadinessProbe:

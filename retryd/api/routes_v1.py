@@ -22,6 +22,7 @@ from retryd.api.schemas import (
     MAX_MS,
     MAX_OFFSET,
     MAX_PARTITION,
+    TIME_FORMS,
     DeadReason,
     ErrorBody,
     FailedPage,
@@ -35,9 +36,11 @@ from retryd.api.schemas import (
     ReplayOneOut,
 )
 from retryd.api.state import Sidecar
+from retryd.errors import TimeSpecError
+from retryd.policy.timespec import TIME_PATTERN, parse_instant
 from retryd.replay import audit
 from retryd.replay.browse import browse, read_record
-from retryd.replay.errors import RecordNotFound
+from retryd.replay.errors import InvalidRequest, RecordNotFound
 from retryd.replay.jobs import JobSpec
 from retryd.replay.ledger import LedgerEntry
 from retryd.replay.records import PREVIEW_MAX, RecordFilter, key_from, render_record
@@ -81,14 +84,28 @@ def _ledger_out(entry: LedgerEntry | None) -> LedgerEntryOut | None:
     return LedgerEntryOut.model_validate(entry, from_attributes=True)
 
 
+def _instant(name: str, text: str | None, epoch_ms: int | None, now_ms: int) -> int | None:
+    """``since``/``until`` (ISO-8601 or relative to now) or their epoch-ms twins; 400 when
+    both are given or a value of the right shape is no time (a 13th month)."""
+    if text is None:
+        return epoch_ms
+    if epoch_ms is not None:
+        raise InvalidRequest(f"give {name} or {name}_ms, not both")
+    try:
+        return parse_instant(text, now_ms)
+    except TimeSpecError as exc:
+        raise InvalidRequest(f"{name}: {exc}") from None
+
+
 def to_filter(f: FilterIn) -> RecordFilter:
     key, contradictory = key_from(f.key, f.key_base64)
+    now_ms = int(time.time() * 1000)  # one 'now' for both ends
     return RecordFilter(
         original_topic=f.original_topic,
         error_class=f.error_class,
         dead_reason=f.dead_reason,
-        since_ms=f.since_ms,
-        until_ms=f.until_ms,
+        since_ms=_instant("since", f.since, f.since_ms, now_ms),
+        until_ms=_instant("until", f.until, f.until_ms, now_ms),
         key=key,
         partition=f.partition,
         nothing=contradictory,
@@ -120,6 +137,18 @@ async def list_failed(
     until_ms: Annotated[
         int | None, Query(ge=0, le=MAX_MS, description="epoch ms, exclusive")
     ] = None,
+    since: Annotated[
+        str | None,
+        Query(
+            max_length=64, pattern=TIME_PATTERN, description=f"instead of since_ms: {TIME_FORMS}"
+        ),
+    ] = None,
+    until: Annotated[
+        str | None,
+        Query(
+            max_length=64, pattern=TIME_PATTERN, description=f"instead of until_ms: {TIME_FORMS}"
+        ),
+    ] = None,
     key: Annotated[
         str | None, Query(max_length=MAX_KEY_CHARS, description="exact key (UTF-8)")
     ] = None,
@@ -141,6 +170,8 @@ async def list_failed(
             dead_reason=dead_reason,
             since_ms=since_ms,
             until_ms=until_ms,
+            since=since,
+            until=until,
             key=key,
             key_base64=key_base64,
             partition=partition,
@@ -239,6 +270,7 @@ async def replay_one(
     status_code=202,
     summary="Start a bulk replay job (or a dry run)",
     responses={
+        400: _err("since/until given with since_ms/until_ms, or not a real time"),
         403: FORBIDDEN,
         429: _err("too many jobs running in this sidecar"),
     },

@@ -6,6 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from retryd.policy.timespec import TIME_PATTERN
+
 TOPIC_PATTERN = r"^[A-Za-z0-9._-]{1,249}$"
 DeadReason = Literal["exhausted", "non_retryable", "malformed"]
 MAX_OFFSET = 2**63 - 1
@@ -38,6 +40,9 @@ class WorkerState(BaseModel):
     state: str
     age_seconds: float
     alive: bool
+    liveness: Literal["alive", "stopping", "stale"] = Field(
+        description="judged from the heartbeat file alone: fresh and not stopping = alive"
+    )
     assigned_partitions: int
     paused_partitions: int
 
@@ -109,6 +114,9 @@ class FailedPage(BaseModel):
     scanned: int = Field(description="records examined for this page")
 
 
+TIME_FORMS = "ISO-8601 (2024-05-01T10:00:00Z; UTC without an offset) or relative (30m, 2h, 7d)"
+
+
 class FilterIn(BaseModel):
     """Which failed records a job covers; every given field must match."""
 
@@ -119,6 +127,18 @@ class FilterIn(BaseModel):
     dead_reason: DeadReason | None = None
     since_ms: int | None = Field(default=None, ge=0, le=MAX_MS, description="epoch ms, inclusive")
     until_ms: int | None = Field(default=None, ge=0, le=MAX_MS, description="epoch ms, exclusive")
+    since: str | None = Field(
+        default=None,
+        max_length=64,
+        pattern=TIME_PATTERN,
+        description=f"instead of since_ms, inclusive: {TIME_FORMS}",
+    )
+    until: str | None = Field(
+        default=None,
+        max_length=64,
+        pattern=TIME_PATTERN,
+        description=f"instead of until_ms, exclusive: {TIME_FORMS}",
+    )
     key: str | None = Field(
         default=None, max_length=MAX_KEY_CHARS, description="exact key, as UTF-8"
     )

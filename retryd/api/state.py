@@ -16,10 +16,12 @@ import threading
 
 from confluent_kafka.admin import AdminClient
 
-from retryd.api.readiness import ReadinessReport, probe
+from retryd.api.readiness import ReadinessReport, alive_workers, probe
 from retryd.config import Settings
 from retryd.kafka.clients import admin_config, new_admin
-from retryd.metrics.exposition import LagMonitor, SidecarCollector
+from retryd.metrics.exposition import SidecarCollector
+from retryd.metrics.lag import LagMonitor
+from retryd.metrics.replays import LedgerTail
 from retryd.replay.errors import BrokerUnavailable
 from retryd.replay.jobs import JobSpec, ReplayJob
 from retryd.replay.ledger import LedgerError, ReplayLedger
@@ -39,7 +41,7 @@ def allowed_targets(settings: Settings) -> list[str]:
 
 
 class Sidecar:
-    def __init__(self, settings: Settings, *, lag_interval_s: float = 5.0) -> None:
+    def __init__(self, settings: Settings, *, lag_interval_s: float | None = None) -> None:
         self.settings = settings
         self.common = dict(settings.kafka_common())
         self.timeout_s = max(settings.readiness_timeout_s, 5.0)
@@ -72,13 +74,23 @@ class Sidecar:
             ceiling=self.ceiling,
         )
         self.jobs = JobManager(self._new_job)
+        self.ledger_tail = LedgerTail(self.common, settings.ledger_topic, settings.failed_topic)
         self.lag = LagMonitor(
             self.common,
             settings.group_id,
             [*settings.main_topics, *settings.plan.tier_topics],
-            interval_s=lag_interval_s,
+            interval_s=lag_interval_s or settings.metrics_interval_s,
+            backlog_topics=[settings.failed_topic],
+            also=[self.ledger_tail.tail_once],
         )
-        self.collector = SidecarCollector(metrics_dir(settings.state_dir), self.lag)
+        self.collector = SidecarCollector(
+            metrics_dir(settings.state_dir),
+            self.lag,
+            group=settings.group_id,
+            main_topics=settings.main_topics,
+            workers_alive=lambda: alive_workers(settings),
+            ledger=self.ledger_tail,
+        )
         self._admin: AdminClient | None = None
         self._ledger_ready = False
         self._lock = threading.Lock()
@@ -103,6 +115,7 @@ class Sidecar:
         still_running = self.jobs.shutdown()
         replays_left = self.replayer.close()
         self.lag.stop()
+        self.ledger_tail.close()
         self.pool.close()
         self.policy.close()
         if still_running or replays_left:

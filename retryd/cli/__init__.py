@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 # Sub-command modules register themselves on import.
+from retryd.cli import demo as _demo  # noqa: F401
 from retryd.cli import dev as _dev  # noqa: F401
 from retryd.cli import health as _health  # noqa: F401
 from retryd.cli import replay as _replay  # noqa: F401

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import logging
-import sys
+import os
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +10,7 @@ import typer
 
 from retryd.config import Settings, load_settings
 from retryd.errors import ConfigError
+from retryd.runtime import logs
 
 app = typer.Typer(
     name="retryd",
@@ -21,32 +21,48 @@ app = typer.Typer(
 )
 
 ConfigOption = typer.Option(None, "--config", "-c", help="TOML settings file", exists=False)
+# Every command that talks to Kafka takes -b/--bootstrap-servers (a test checks it).
+BootstrapOption = typer.Option(
+    None, "--bootstrap-servers", "-b", help="Kafka bootstrap servers, host:port[,host:port]"
+)
+
+# --log-level / --log-format given on the command line: they win over the settings.
+_LOG_FLAGS: dict[str, str] = {}
 
 
 def settings_or_exit(config: Path | None, **overrides: Any) -> Settings:
-    """Load settings; on a bad setting print one line per problem and exit with status 2."""
+    """Load settings; on a bad setting print one line per problem and exit with status 2.
+
+    Logging is configured again from the loaded settings (a ``log_format`` in the TOML file
+    applies from here on), the command-line flags still winning."""
     try:
-        return load_settings(config, **overrides)
+        settings = load_settings(config, **{**overrides, **_LOG_FLAGS})
     except ConfigError as exc:
         typer.echo("retryd: invalid configuration:", err=True)
         for line in exc.problems:
             typer.echo(f"  - {line}", err=True)
         raise typer.Exit(2) from None
-
-
-def setup_logging(level: str = "INFO") -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(process)d %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    logs.configure(settings.log_level.value, settings.log_format.value)
+    return settings
 
 
 @app.callback()
 def _root(
-    log_level: str = typer.Option(
-        "INFO", "--log-level", envvar="RETRYD_LOG_LEVEL", help="DEBUG|INFO|WARNING"
+    log_level: str | None = typer.Option(
+        None, "--log-level", help="DEBUG|INFO|WARNING|ERROR (default: settings, RETRYD_LOG_LEVEL)"
+    ),
+    log_format: str | None = typer.Option(
+        None, "--log-format", help="text|json (default: settings, RETRYD_LOG_FORMAT)"
     ),
 ) -> None:
     """retryd: retry-topic orchestration for Apache Kafka."""
-    setup_logging(log_level)
+    _LOG_FLAGS.clear()
+    if log_level is not None:
+        _LOG_FLAGS["log_level"] = log_level
+    if log_format is not None:
+        _LOG_FLAGS["log_format"] = log_format
+    # Until the settings are read (they may fail to load): flags, then the environment.
+    logs.configure(
+        log_level or os.environ.get("RETRYD_LOG_LEVEL", "INFO"),
+        (log_format or os.environ.get("RETRYD_LOG_FORMAT", "text")).lower(),
+    )

@@ -1,4 +1,10 @@
-"""``retryd dev``: embedded broker, demo topics and traffic, live progress, a checked summary."""
+"""``retryd dev``: embedded broker, demo topics and traffic, live progress, a checked summary.
+
+The operator's view comes with it: the sidecar runs next to the workers (a free port, a random
+API token for the run) and its ``/metrics``, ``/readyz`` and ``/v1`` URLs are printed.
+``--handler http`` runs the demo through a local business service over HTTP (the sidecar mode of
+the product) instead of an in-process callable; the outcomes, and so the summary, are the same.
+"""
 
 from __future__ import annotations
 
@@ -19,6 +25,7 @@ from rich.table import Table
 
 from retryd.cli.app import app, settings_or_exit
 from retryd.config import Settings
+from retryd.dev.services import Services
 from retryd.dev.traffic import Expected, demo_orders, encode, expected_outcome
 from retryd.errors import RetrydError
 from retryd.runtime.paths import metrics_dir, prepare_metrics_env
@@ -40,7 +47,17 @@ def dev(
     processes: int = typer.Option(2, min=1, max=8, help="worker processes"),
     partitions: int = typer.Option(4, min=1, max=64),
     bootstrap_servers: str | None = typer.Option(
-        None, help="use this cluster instead of starting the embedded broker"
+        None,
+        "--bootstrap-servers",
+        "-b",
+        help="use this cluster instead of starting the embedded broker",
+    ),
+    handler: str = typer.Option(
+        "python", help="python: an in-process callable; http: a local business service"
+    ),
+    sidecar: bool = typer.Option(True, help="run the sidecar and print its URLs"),
+    hold: bool = typer.Option(
+        False, "--hold", help="after the summary, keep broker and sidecar up until Ctrl-C"
     ),
     seed: int = typer.Option(7, help="seed of the demo traffic"),
     timeout_s: float = typer.Option(300, help="give up after this many seconds"),
@@ -48,8 +65,12 @@ def dev(
     """Run retryd locally on an embedded broker with demo traffic, then print a summary."""
     from retryd.kafka.embedded import EmbeddedBroker
 
+    if handler not in ("python", "http"):
+        typer.echo("retryd: --handler must be python or http", err=True)
+        raise typer.Exit(2)
     state = Path(tempfile.mkdtemp(prefix="retryd-dev-"))
     broker = None if bootstrap_servers else EmbeddedBroker(log_file=state / "broker.log")
+    services = Services(state)
     try:
         if broker is not None:
             with console.status("starting the embedded broker"):
@@ -57,6 +78,11 @@ def dev(
             console.print(f"embedded broker pid={broker.pid} at [bold]{broker.bootstrap}[/]")
         bootstrap = bootstrap_servers or (broker.bootstrap if broker else "")
         suffix = "" if broker else f"-{int(time.time())}"
+        spec = "python:retryd.dev.demo_handler:handle"
+        if handler == "http":
+            url = services.start_business()
+            console.print(f"business service (HTTP handler contract) at [bold]{url}[/]")
+            spec = url + "/handle"
         settings = settings_or_exit(
             None,
             bootstrap_servers=bootstrap,
@@ -64,19 +90,35 @@ def dev(
             retry_sequence=sequence,
             tier_template="demo.retry_{delay}" + suffix,
             failed_topic=f"demo.failed{suffix}",
+            ledger_topic=f"demo.replay_ledger{suffix}",
             group_id=f"retryd-demo{suffix}",
-            handler="python:retryd.dev.demo_handler:handle",
+            handler=spec,
             handler_timeout_s=5,
             session_timeout_ms=6000,
             state_dir=state,
+            metrics_interval_s=1,
         )
         code = _run(
-            settings, messages, fail_rate, poison_rate, processes, partitions, seed, timeout_s
+            settings,
+            services if sidecar else None,
+            messages,
+            fail_rate,
+            poison_rate,
+            processes,
+            partitions,
+            seed,
+            timeout_s,
         )
+        if hold and code == 0:
+            console.print("holding the broker and the sidecar up: Ctrl-C to stop")
+            with contextlib.suppress(KeyboardInterrupt):
+                while services.alive():
+                    time.sleep(0.5)
     except RetrydError as exc:
         console.print(f"[red]retryd dev failed:[/] {exc}")
         code = 1
     finally:
+        services.stop()
         if broker is not None:
             broker.stop()
         shutil.rmtree(state, ignore_errors=True)
@@ -85,6 +127,7 @@ def dev(
 
 def _run(
     settings: Settings,
+    services: Services | None,
     messages: int,
     fail_rate: float,
     poison_rate: float,
@@ -134,9 +177,20 @@ def _run(
         "RETRYD_HANDLER_TIMEOUT_S": str(settings.handler_timeout_s),
         "RETRYD_SESSION_TIMEOUT_MS": str(settings.session_timeout_ms),
         "RETRYD_STATE_DIR": str(settings.state_dir),
+        "RETRYD_LEDGER_TOPIC": settings.ledger_topic,
+        "RETRYD_METRICS_INTERVAL_S": str(settings.metrics_interval_s),
         "RETRYD_LOG_LEVEL": "WARNING",
     }
     prepare_metrics_env(settings.state_dir, fresh=True)
+    if services is not None:
+        url = services.start_sidecar(env)
+        # soft_wrap: URLs and the token stay on one line each, whatever the terminal's width
+        console.print(f"sidecar metrics  [bold]{url}/metrics[/]", soft_wrap=True)
+        console.print(f"sidecar ready    [bold]{url}/readyz[/]", soft_wrap=True)
+        console.print(
+            f"sidecar API      [bold]{url}/v1/failed[/]  (schema: {url}/docs)", soft_wrap=True
+        )
+        console.print(f"API token        {services.token}  (this run only)", soft_wrap=True)
     log_path = settings.state_dir / "workers.log"
     with open(log_path, "wb") as log_file:
         workers = subprocess.Popen(

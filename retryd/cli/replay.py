@@ -4,11 +4,15 @@ Runs the same job code as ``POST /v1/replays`` (ledger, allow-list and reserved 
 limit, audit lines with actor ``cli``), in this process, with a progress bar; ``--dry-run``
 prints what would be replayed as tables. Ctrl-C cancels and waits until every copy in flight
 has its ledger entry (bounded by the delivery timeout) before the ledger is closed.
+
+A replay that no filter narrows (every record of failed_topic) asks for confirmation on a
+terminal and is refused without one, unless ``--yes``; ``--dry-run`` never asks.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -18,8 +22,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from retryd.cli.app import ConfigOption, app, settings_or_exit
-from retryd.errors import RetrydError
+from retryd.cli.app import BootstrapOption, ConfigOption, app, settings_or_exit
+from retryd.errors import RetrydError, TimeSpecError
+from retryd.policy.timespec import FORMS, parse_instant
 
 DELIVERY_TIMEOUT_S = 30.0  # a copy's (and a ledger record's) delivery report comes within this
 
@@ -30,8 +35,14 @@ def replay(
     original_topic: str | None = typer.Option(None, help="only records first seen on this topic"),
     error_class: str | None = typer.Option(None, help="only this retryd_error_class"),
     dead_reason: str | None = typer.Option(None, help="exhausted | non_retryable | malformed"),
-    since_ms: int | None = typer.Option(None, min=0, help="dead-lettered at or after (epoch ms)"),
-    until_ms: int | None = typer.Option(None, min=0, help="dead-lettered before (epoch ms)"),
+    since: str | None = typer.Option(
+        None, "--since", help=f"dead-lettered at or after this time: {FORMS}"
+    ),
+    until: str | None = typer.Option(
+        None, "--until", help=f"dead-lettered before this time: {FORMS}"
+    ),
+    since_ms: int | None = typer.Option(None, min=0, hidden=True, help="epoch ms (--since)"),
+    until_ms: int | None = typer.Option(None, min=0, hidden=True, help="epoch ms (--until)"),
     key: str | None = typer.Option(None, help="only records with exactly this key (UTF-8)"),
     partition: int | None = typer.Option(None, min=0, help="only this failed_topic partition"),
     target: str | None = typer.Option(None, help="target topic (default: each original topic)"),
@@ -40,7 +51,10 @@ def replay(
     dry_run: bool = typer.Option(False, "--dry-run", help="count only; produce nothing"),
     force: bool = typer.Option(False, "--force", help="replay records the ledger already has"),
     as_json: bool = typer.Option(False, "--json", help="print the final progress as JSON"),
-    bootstrap_servers: str | None = typer.Option(None),
+    yes: bool = typer.Option(
+        False, "--yes", "-y", help="replay without asking even when no filter narrows the job"
+    ),
+    bootstrap_servers: str | None = BootstrapOption,
     failed_topic: str | None = typer.Option(None),
     main_topics: str | None = typer.Option(None, help="comma list (the default allow-list)"),
 ) -> None:
@@ -62,6 +76,13 @@ def replay(
     if dead_reason is not None and dead_reason not in ("exhausted", "non_retryable", "malformed"):
         typer.echo("retryd: --dead-reason must be exhausted, non_retryable or malformed", err=True)
         raise typer.Exit(2)
+    since_ms, until_ms = _window(since, until, since_ms, until_ms)
+    unfiltered = all(
+        f is None
+        for f in (original_topic, error_class, dead_reason, since_ms, until_ms, key, partition)
+    )
+    if unfiltered and not dry_run and not yes:
+        _confirm_everything(settings.failed_topic, max_messages)
     console = Console(stderr=True)
     common = dict(settings.kafka_common())
     ledger = ReplayLedger(
@@ -117,6 +138,44 @@ def replay(
         raise typer.Exit(1)
     if snap["state"] == "cancelled":
         raise typer.Exit(130)
+
+
+def _window(
+    since: str | None, until: str | None, since_ms: int | None, until_ms: int | None
+) -> tuple[int | None, int | None]:
+    """``--since``/``--until`` resolved against one 'now' (the older epoch-ms options still
+    work); exit 2 with one line when a value is unusable."""
+    now_ms = int(time.time() * 1000)
+    try:
+        if since is not None:
+            since_ms = parse_instant(since, now_ms)
+        if until is not None:
+            until_ms = parse_instant(until, now_ms)
+    except TimeSpecError as exc:
+        typer.echo(f"retryd: {exc}", err=True)
+        raise typer.Exit(2) from None
+    if since_ms is not None and until_ms is not None and since_ms >= until_ms:
+        typer.echo("retryd: --since must be before --until", err=True)
+        raise typer.Exit(2)
+    return since_ms, until_ms
+
+
+def _confirm_everything(failed_topic: str, max_messages: int | None) -> None:
+    """No filter narrows the job: every record of failed_topic would be replayed. Ask on a
+    terminal; refuse (exit 2) without one, since nobody can answer."""
+    what = f"up to {max_messages}" if max_messages else "every"
+    question = f"No filter given: replay {what} record of {failed_topic} not replayed yet?"
+    if not sys.stdin.isatty():
+        typer.echo(
+            f"retryd: {question.removesuffix('?')}: refused without a terminal to confirm; "
+            "narrow it with a filter (--original-topic, --error-class, --since, …), try "
+            "--dry-run, or pass --yes",
+            err=True,
+        )
+        raise typer.Exit(2)
+    if not typer.confirm(question, default=False, err=True):
+        typer.echo("retryd: nothing replayed", err=True)
+        raise typer.Exit(1)
 
 
 def _run_with_progress(job: Any, console: Console, *, quiet: bool) -> dict[str, Any]:

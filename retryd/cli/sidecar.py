@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from retryd.cli.app import ConfigOption, app, settings_or_exit
+from retryd.cli.app import BootstrapOption, ConfigOption, app, settings_or_exit
 from retryd.config import Settings
 from retryd.errors import ConfigError
 from retryd.runtime.paths import prepare_metrics_env
@@ -64,7 +64,7 @@ def sidecar(
     config: Path | None = ConfigOption,
     host: str | None = typer.Option(None, help="listen address (default from settings)"),
     port: int | None = typer.Option(None, min=0, max=65535, help="listen port"),
-    bootstrap_servers: str | None = typer.Option(None),
+    bootstrap_servers: str | None = BootstrapOption,
     main_topics: str | None = typer.Option(None, help="comma list of source topics"),
     group_id: str | None = typer.Option(None, help="worker group whose lag is measured"),
     failed_topic: str | None = typer.Option(None),
@@ -127,6 +127,7 @@ def sidecar(
         host=settings.sidecar_host,
         port=settings.sidecar_port,
         log_level=logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower(),
+        log_config=None,  # uvicorn's loggers go through retryd's handler (text or JSON lines)
         access_log=False,
         timeout_graceful_shutdown=10,
         ssl_certfile=str(settings.sidecar_tls_cert_file) if tls else None,

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import typer
 from rich.console import Console
 
-from retryd.cli.app import ConfigOption, app, settings_or_exit
+from retryd.cli.app import BootstrapOption, ConfigOption, app, settings_or_exit
 from retryd.errors import RetrydError, TimeSpecError
 from retryd.policy.timespec import TimeWindow, parse_window
 
@@ -44,7 +44,6 @@ ChunkOption = typer.Option(
     None, "--max-records-per-partition", min=1, help="split offset ranges into tasks of this size"
 )
 ConfOption = typer.Option(None, "--spark-conf", help="extra Spark setting KEY=VALUE (repeatable)")
-BootstrapOption = typer.Option(None, "--bootstrap-servers")
 _TIME_FORMS = "ISO-8601 (2024-05-01T10:00Z, UTC if no offset) or relative (30m, 2h, 7d)"
 SinceOption = typer.Option(
     None, "--since", help=f"only dead letters stamped at/after this time: {_TIME_FORMS}"

@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from retryd.cli.app import ConfigOption, app, settings_or_exit
+from retryd.cli.app import BootstrapOption, ConfigOption, app, settings_or_exit
 from retryd.config import Settings
 from retryd.errors import KafkaSetupError
 from retryd.policy.sequence import format_delay
@@ -31,9 +31,6 @@ _STYLE = {
     "mis-sized": "yellow",
 }
 
-BootstrapOption = typer.Option(
-    None, "--bootstrap-servers", "-b", help="Kafka bootstrap servers (overrides settings)"
-)
 MainTopicsOption = typer.Option(None, "--main-topics", "-m", help="Comma list of main topics")
 SequenceOption = typer.Option(None, "--retry-sequence", help="Retry delays, e.g. '5m,30m,1h'")
 PartitionsOption = typer.Option(

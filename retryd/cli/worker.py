@@ -6,8 +6,9 @@ from pathlib import Path
 
 import typer
 
-from retryd.cli.app import ConfigOption, app, settings_or_exit
+from retryd.cli.app import BootstrapOption, ConfigOption, app, settings_or_exit
 from retryd.config import Role
+from retryd.runtime.heartbeat import prune_stale
 from retryd.runtime.paths import prepare_metrics_env
 
 
@@ -22,7 +23,7 @@ def worker(
     handler: str | None = typer.Option(None, help="python:pkg.mod:func or http(s)://…"),
     main_topics: str | None = typer.Option(None, help="comma list of source topics"),
     group_id: str | None = typer.Option(None),
-    bootstrap_servers: str | None = typer.Option(None),
+    bootstrap_servers: str | None = BootstrapOption,
     retry_sequence: str | None = typer.Option(None, help="e.g. 5m,5m,30m,30m,30m,1h"),
     failed_topic: str | None = typer.Option(None),
     state_dir: Path | None = typer.Option(None, help="heartbeats and metric files"),
@@ -52,6 +53,9 @@ def worker(
         )
         raise typer.Exit(2)
     prepare_metrics_env(settings.state_dir)
+    # Files of workers that were killed (a container restart keeps the state dir): without
+    # this they would keep readiness and `retryd health` failing for the new workers.
+    prune_stale(settings.state_dir, settings.heartbeat_stale_s)
     if settings.processes == 1:
         from retryd.worker.process import run_worker
 

@@ -13,7 +13,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import (
+    Field,
+    PrivateAttr,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     EnvSettingsSource,
@@ -30,6 +37,7 @@ _SECRET_KEY_RE = re.compile(
     r"(password|secret|token|credential|\.key$|key\.pem|oauthbearer\.config)"
 )
 _KAFKA_KEY_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+_LEVELS = {"debug", "info", "warning", "error"}
 _TOML_DATA: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
     "retryd_toml", default=None
 )
@@ -41,6 +49,23 @@ class Role(enum.StrEnum):
     ALL = "all"
     MAIN = "main"
     TIERS = "tiers"
+
+
+class LogLevel(enum.StrEnum):
+    """The least severe log records written."""
+
+    DEBUG = "DEBUG"
+    INFO = "INFO"
+    WARNING = "WARNING"
+    ERROR = "ERROR"
+
+
+class LogFormat(enum.StrEnum):
+    """``text``: one readable line per record; ``json``: one JSON object per line, for log
+    collectors (retryd.runtime.logs)."""
+
+    TEXT = "text"
+    JSON = "json"
 
 
 class Ordering(enum.StrEnum):
@@ -85,14 +110,41 @@ class _EnvSource(EnvSettingsSource):
             return value
 
 
+def read_kafka_file(path: Path) -> tuple[dict[str, str], list[str]]:
+    """librdkafka options from a properties file: ``key=value`` per line, ``#`` comments.
+
+    Read once at start-up (a Kubernetes Secret mounted as a file: restart to pick up a change).
+    Problems name the line and the key, never a value (the file holds credentials)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        return {}, [f"kafka_file: cannot read {path} ({exc.__class__.__name__})"]
+    options: dict[str, str] = {}
+    problems: list[str] = []
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith(("#", "!")):
+            continue
+        key, sep, value = line.partition("=")
+        key = key.strip()
+        if not sep or not _KAFKA_KEY_RE.match(key):
+            problems.append(f"kafka_file {path} line {number}: expected key=value")
+            continue
+        options[key] = value.strip()
+    return options, problems
+
+
 class Settings(BaseSettings):
     """Every setting retryd reads. ``config/retryd.toml`` documents each one."""
 
     model_config = SettingsConfigDict(env_prefix="RETRYD_", frozen=True, extra="forbid")
+    _kafka_from_file: dict[str, str] = PrivateAttr(default_factory=dict)
 
     # Cluster
     bootstrap_servers: str = "localhost:9092"
     kafka: dict[str, str] = Field(default_factory=dict)
+    # librdkafka options from a file (key=value lines), e.g. SASL credentials from a Secret
+    kafka_file: Path | None = None
     # Topics and retry policy
     main_topics: Annotated[list[str], NoDecode] = Field(default_factory=list)
     retry_sequence: str = "5m,5m,30m,30m,30m,1h"
@@ -143,6 +195,11 @@ class Settings(BaseSettings):
     ledger_topic: str = "retryd_replay_ledger"
     readiness_timeout_s: float = Field(default=2.0, gt=0)
     heartbeat_stale_s: float = Field(default=15.0, gt=0)
+    # How often the sidecar measures lag, the dead-letter backlog and the replay ledger
+    metrics_interval_s: float = Field(default=5.0, gt=0, le=300)
+    # Logging (the --log-level / --log-format flags override these)
+    log_level: LogLevel = LogLevel.INFO
+    log_format: LogFormat = LogFormat.TEXT
 
     @classmethod
     def settings_customise_sources(
@@ -160,6 +217,7 @@ class Settings(BaseSettings):
     )(_split_list)
 
     @field_validator(
+        "kafka_file",
         "api_token_file",
         "api_tokens_file",
         "sidecar_tls_cert_file",
@@ -170,6 +228,14 @@ class Settings(BaseSettings):
     def _blank_path(cls, value: Any) -> Any:
         # FOO_FILE= (blank, as compose files pass unset variables) means "not set".
         return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("log_level", "log_format", mode="before")
+    @classmethod
+    def _log_case(cls, value: Any) -> Any:
+        # RETRYD_LOG_LEVEL=info and log_format = "JSON" mean the obvious thing
+        if not isinstance(value, str):
+            return value
+        return value.strip().upper() if value.strip().lower() in _LEVELS else value.strip().lower()
 
     @field_validator("kafka", mode="before")
     @classmethod
@@ -257,6 +323,10 @@ class Settings(BaseSettings):
                 "sidecar_tls_cert_file and sidecar_tls_key_file must be set together (TLS "
                 "needs both the certificate and its private key)"
             )
+        if self.kafka_file is not None:
+            options, file_problems = read_kafka_file(self.kafka_file)
+            problems.extend(file_problems)
+            self._kafka_from_file = options
         if problems:
             raise ValueError("; ".join(problems))
         return self
@@ -277,8 +347,9 @@ class Settings(BaseSettings):
         )
 
     def kafka_common(self) -> dict[str, str]:
-        """Cluster options shared by every client (security settings included)."""
-        return {"bootstrap.servers": self.bootstrap_servers, **self.kafka}
+        """Cluster options shared by every client (security settings included): the
+        ``[kafka]`` table, then ``kafka_file`` over it."""
+        return {"bootstrap.servers": self.bootstrap_servers, **self.kafka, **self._kafka_from_file}
 
     def safe_summary(self) -> dict[str, Any]:
         """Settings fit for a log line: secrets redacted."""

@@ -45,6 +45,8 @@ ABANDONED = Counter(
 SKIPPED = Counter(
     "retryd_skipped", "Tier records not handled here, by reason (e.g. other_group)", ["reason"]
 )
+# The sidecar serves ``replayed`` from the replay ledger (retryd.metrics.replays: every source,
+# once per replay) and these counts of its own ``skipped`` and ``failed`` with source="sidecar".
 REPLAYED = Counter("retryd_replayed", "Replayed failed records by status", ["status"])
 BUILD_INFO = Gauge("retryd_build_info", "retryd version", ["version"], multiprocess_mode="livemax")
 

@@ -29,6 +29,13 @@ _RELATIVE_RE = re.compile(r"^(?:\d+\s*(?:ms|s|m|h|d|w)\s*)+(?:ago)?$", re.ASCII)
 MIN_MS = int(datetime(1970, 1, 1, tzinfo=UTC).timestamp() * 1000)
 MAX_MS = int(datetime(9999, 12, 31, 23, 59, 59, 999000, tzinfo=UTC).timestamp() * 1000)
 FORMS = "ISO-8601 (2024-05-01, 2024-05-01T10:00:00Z) or relative (30m, 2h, 7d, 1h30m ago)"
+# The shape of the accepted forms, for the HTTP API's schema (a value of this shape may still be
+# refused: a 13th month, a time before 1970).
+TIME_PATTERN = (
+    r"^(now|([0-9]{1,9} ?(ms|s|m|h|d|w) ?)+(ago)?|"
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}([T ][0-9]{2}(:[0-9]{2}(:[0-9]{2}([.][0-9]{1,6})?)?)?"
+    r"(Z|[+-][0-9]{2}:?[0-9]{2})?)?)$"
+)
 
 
 def parse_duration(text: str) -> int:

@@ -56,7 +56,12 @@ def port_open(port: int, host: str = "127.0.0.1") -> bool:
 def sidecar_check(port: int, tls: bool = False, timeout_s: float = 3.0) -> Check:
     """``GET /healthz`` on the local sidecar answers 200."""
     scheme = "https" if tls else "http"
-    url = f"{scheme}://127.0.0.1:{port}/healthz"
+    return http_check(f"{scheme}://127.0.0.1:{port}/healthz", "sidecar", timeout_s)
+
+
+def http_check(url: str, what: str = "http", timeout_s: float = 3.0) -> Check:
+    """``GET url`` answers 200 (a loopback HTTPS probe does not verify the certificate)."""
+    tls = url.startswith("https:")
     context = None
     if tls:  # a loopback probe of our own certificate, which names the service, not 127.0.0.1
         context = ssl.create_default_context()
@@ -68,5 +73,5 @@ def sidecar_check(port: int, tls: bool = False, timeout_s: float = 3.0) -> Check
     except urllib.error.HTTPError as exc:
         status = exc.code
     except (OSError, urllib.error.URLError) as exc:
-        return Check(False, "sidecar", f"{url}: {exc}")
-    return Check(status == 200, "sidecar", f"{url} answered {status}")
+        return Check(False, what, f"{url}: {exc}")
+    return Check(status == 200, what, f"{url} answered {status}")

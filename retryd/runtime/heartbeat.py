@@ -1,6 +1,15 @@
 """Worker heartbeats: one small JSON file per worker process, rewritten atomically.
 
-The sidecar's readiness check reads them to tell whether the workers on this host are alive.
+The sidecar's readiness check, its ``retryd_workers_alive`` gauge and ``retryd health`` read
+them to tell whether the workers sharing the state directory are alive. Liveness is judged
+from the file alone (``liveness``): how fresh it is and the state the worker wrote, never by
+looking for the process. A sidecar in a Kubernetes pod does not share the workers' PID
+namespace (and should not need to), and a PID seen from another namespace means nothing.
+
+A worker removes its file when it stops cleanly and the ``--processes`` supervisor removes the
+file of a child that died; ``prune_stale`` (run when ``retryd worker`` starts) removes the
+files that a killed container left in a state directory that outlived it (an ``emptyDir``
+survives container restarts).
 """
 
 from __future__ import annotations
@@ -34,7 +43,7 @@ class HeartbeatWriter:
     def __init__(self, state_dir: Path, role: str, group_id: str, interval_s: float = 1.0) -> None:
         self.dir = heartbeat_dir(state_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.path = self.dir / f"{os.getpid()}.json"
+        self.path = heartbeat_path(state_dir, os.getpid())
         self.role = role
         self.group_id = group_id
         self.interval_s = interval_s
@@ -84,7 +93,45 @@ def read_heartbeats(state_dir: Path) -> list[Heartbeat]:
     return out
 
 
+ALIVE = "alive"
+STOPPING = "stopping"
+STALE = "stale"
+
+
+def liveness(hb: Heartbeat, now: float, stale_s: float) -> str:
+    """``alive`` (fresh, and not shutting down), ``stopping`` (fresh, finishing its work before
+    it exits: it takes nothing new) or ``stale`` (no beat for ``stale_s``: hung, or killed
+    without a chance to remove its file)."""
+    if now - hb.ts > stale_s:
+        return STALE
+    return STOPPING if hb.state == STOPPING else ALIVE
+
+
+def heartbeat_path(state_dir: Path, pid: int) -> Path:
+    return heartbeat_dir(state_dir) / f"{pid}.json"
+
+
+def remove_heartbeat(state_dir: Path, pid: int) -> None:
+    """Forget the heartbeat of a process that is known to be gone (the supervisor's child)."""
+    heartbeat_path(state_dir, pid).unlink(missing_ok=True)
+
+
+def prune_stale(state_dir: Path, stale_s: float, now: float | None = None) -> int:
+    """Remove heartbeat files older than ``stale_s``; returns how many. Run at worker start-up:
+    a file that old belongs to a process that is gone (or hung past any use), and left in
+    place it would keep readiness and ``retryd health`` failing for the new workers."""
+    now = time.time() if now is None else now
+    removed = 0
+    for hb in read_heartbeats(state_dir):
+        if now - hb.ts > stale_s and hb.pid != os.getpid():
+            remove_heartbeat(state_dir, hb.pid)
+            removed += 1
+    return removed
+
+
 def pid_alive(pid: int) -> bool:
+    """Whether ``pid`` runs in *this* PID namespace (tests and the supervisor's own children
+    only: never a liveness judgement across containers)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -421,6 +421,8 @@ class Worker:
         hb.beat(
             len(book.parts),
             sum(1 for st in book.parts.values() if st.paused),
+            # readiness stops counting a worker that finishes its last records before it exits
+            state="stopping" if self._stop.is_set() else "running",
             drained=self._idle(),
             positions={
                 f"{st.topic}/{st.partition}": st.position

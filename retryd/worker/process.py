@@ -99,9 +99,7 @@ def tune_gc() -> None:
 
 def child_main(settings: Settings, role: Role, until_drained: bool, log_level: str) -> None:
     """Entry point of a supervised child (spawned: a fresh interpreter)."""
-    logging.basicConfig(
-        level=log_level,
-        format="%(asctime)s %(levelname)s %(process)d %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    from retryd.runtime.logs import configure
+
+    configure(log_level, settings.log_format.value)
     sys.exit(run_worker(settings, role, until_drained=until_drained))

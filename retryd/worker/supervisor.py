@@ -20,6 +20,7 @@ from multiprocessing.process import BaseProcess
 from types import FrameType
 
 from retryd.config import Role, Settings
+from retryd.runtime.heartbeat import remove_heartbeat
 from retryd.worker.drain import DrainWatch
 from retryd.worker.process import EXIT_OK, EXIT_SETUP, child_main
 
@@ -108,6 +109,7 @@ def supervise(
             proc.join()
             del children[pid]
             _mark_dead(pid)
+            remove_heartbeat(settings.state_dir, pid)  # gone: never judged stale later
             code = proc.exitcode if proc.exitcode is not None else 1
             if code == EXIT_OK or stopping:
                 log.info("worker process pid=%s exited with %s", pid, code)

@@ -24,6 +24,7 @@ import yaml
 
 from retryd.cli import app
 from retryd.config import Settings, load_settings
+from tests.integration.prometheus_support import substitute
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
@@ -48,11 +49,15 @@ SPEC_METRICS = {
     "retryd_abandoned_handlers_total": "counter",
     "retryd_skipped_total": "counter",
 }
+# Served by the sidecar itself (measured there, not in the workers' registry).
+SIDECAR_METRICS = {
+    "retryd_workers_alive": "gauge",
+    "retryd_failed_backlog": "gauge",
+}
+ALL_METRICS = {**SPEC_METRICS, **SIDECAR_METRICS}
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 METRIC_RE = re.compile(r"\b(retryd_[a-z0-9_]+)\b")
 INTERPOLATION_RE = re.compile(r"\$\{(\w+)(?::?-([^}]*))?\}")
-# commands the stack references before their implementation lands
-PENDING_COMMANDS = {"sidecar": "retryd sidecar is not implemented yet"}
 
 
 def load_yaml(path: Path) -> Any:
@@ -83,13 +88,20 @@ def dashboard_exprs(dashboard: dict[str, Any]) -> list[str]:
 
 
 def spec_base(metric: str) -> str | None:
-    if metric in SPEC_METRICS:
+    if metric in ALL_METRICS:
         return metric
     for suffix in HISTOGRAM_SUFFIXES:
         base = metric.removesuffix(suffix)
-        if base != metric and SPEC_METRICS.get(base) == "histogram":
+        if base != metric and ALL_METRICS.get(base) == "histogram":
             return base
     return None
+
+
+def test_every_metric_is_in_the_spec() -> None:
+    spec = (REPO / "docs" / "spec.md").read_text(encoding="utf-8")
+    section = spec.split("## 4.")[1].split("## 5.")[0]
+    for name in ALL_METRICS:
+        assert f"`{name.removesuffix('_total')}" in section, f"{name} is not in spec section 4"
 
 
 # --- YAML and JSON ------------------------------------------------------------------------------
@@ -124,8 +136,10 @@ def test_compose_has_the_stack(compose: dict[str, Any]) -> None:
     for name in (
         "kafka",
         "retryd-topics",
+        "business",
         "retryd-worker",
         "retryd-sidecar",
+        "traffic",
         "prometheus",
         "grafana",
     ):
@@ -140,6 +154,38 @@ def test_compose_has_the_stack(compose: dict[str, Any]) -> None:
     # the one-shot runs before the worker, and the worker after the topics exist
     worker_deps = services["retryd-worker"]["depends_on"]
     assert worker_deps["retryd-topics"]["condition"] == "service_completed_successfully"
+    assert worker_deps["business"]["condition"] == "service_healthy"
+
+
+def test_compose_runs_http_mode_without_a_shared_pid_namespace(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    assert not any("pid" in svc for svc in services.values()), "no shared PID namespace"
+    business = services["business"]["command"]
+    port = business[business.index("--port") + 1]
+    handler = services["retryd-worker"]["environment"]["RETRYD_HANDLER"]
+    assert handler == f"http://business:{port}/handle"
+    # worker and sidecar meet only in the state volume
+    state = "/var/lib/retryd"
+    mounts = {
+        name: {m.split(":")[0] for m in services[name]["volumes"] if m.split(":")[1] == state}
+        for name in ("retryd-worker", "retryd-sidecar")
+    }
+    assert mounts["retryd-worker"] == mounts["retryd-sidecar"] == {"retryd-state"}
+    # the traffic producer writes to a main topic the worker consumes
+    traffic = services["traffic"]["command"]
+    topic = traffic[traffic.index("--topic") + 1]
+    assert topic in interpolate(compose["x-retryd-env"]["RETRYD_MAIN_TOPICS"]).split(",")
+
+
+@pytest.mark.parametrize("service", ["business", "traffic"])
+def test_demo_service_variables_are_options(compose: dict[str, Any], service: str) -> None:
+    """FAIL_SHARE and friends are read by the command (its options' environment variables)."""
+    svc = compose["services"][service]
+    command, _ = command_of(typer.main.get_command(app), svc["command"])
+    envvars = {e for p in command.params for e in ([p.envvar] if isinstance(p.envvar, str) else [])}
+    for key in svc["environment"]:
+        if not key.startswith("RETRYD_"):
+            assert key in envvars, f"{service}: {key} is read by nothing"
 
 
 def test_compose_references_exist(compose: dict[str, Any]) -> None:
@@ -169,8 +215,12 @@ def retryd_services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def test_retryd_environment_is_valid_settings(
     compose: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    services = retryd_services(compose)
-    assert len(services) >= 3
+    services = {
+        n: s
+        for n, s in retryd_services(compose).items()
+        if any(k.startswith("RETRYD_") for k in s["environment"])
+    }
+    assert len(services) >= 4
     for name, svc in services.items():
         env = {k: interpolate(str(v)) for k, v in svc["environment"].items()}
         for key in env:
@@ -197,14 +247,24 @@ def command_of(group: Any, tokens: list[str]) -> tuple[Any, list[str]]:
     return command, rest
 
 
-@pytest.mark.parametrize("service", ["retryd-topics", "retryd-worker", "retryd-sidecar"])
+@pytest.mark.parametrize(
+    "service", ["retryd-topics", "business", "retryd-worker", "retryd-sidecar", "traffic"]
+)
 def test_compose_commands_exist(compose: dict[str, Any], service: str) -> None:
-    tokens = compose["services"][service]["command"]
+    svc = compose["services"][service]
+    check_command(svc["command"], service)
+    health = svc.get("healthcheck", {})
+    if not health.get("disable"):
+        test = health["test"]
+        assert test[:2] == ["CMD", "retryd"], f"{service}: healthcheck by retryd, no inline code"
+        check_command(test[2:], f"{service} healthcheck")
+
+
+def check_command(tokens: list[str], service: str) -> None:
     root = typer.main.get_command(app)
     command, rest = command_of(root, tokens)
-    if command is None and tokens[0] in PENDING_COMMANDS:
-        pytest.skip(PENDING_COMMANDS[tokens[0]])
     assert command is not None, f"{service}: no command {' '.join(tokens)}"
+    assert not hasattr(command, "commands"), f"{service}: {tokens} names a group, not a command"
     known = {opt for param in command.params for opt in getattr(param, "opts", [])}
     for token in rest:
         if token.startswith("-"):
@@ -240,13 +300,23 @@ def test_grafana_provisioning_matches_the_stack(
     (provider,) = load_yaml(PROVISIONING / "dashboards" / "retryd.yml")["providers"]
     assert mounts["./deploy/grafana/dashboards"] == provider["options"]["path"]
     assert mounts["./deploy/grafana/provisioning"] == "/etc/grafana/provisioning"
+    # Importable into any Grafana: every panel and query uses the datasource variable.
     uids = {
         t["datasource"]["uid"]
         for p in dashboard["panels"]
         if p.get("type") != "row"
         for t in [p, *p["targets"]]
     }
-    assert uids == {datasource["uid"]}
+    assert uids == {"${datasource}"}
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource"
+    assert variables["datasource"]["query"] == datasource["type"]
+    for name in ("job", "group", "instance", "topic"):
+        assert variables[name]["datasource"]["uid"] == "${datasource}"
+        assert variables[name]["includeAll"] and variables[name]["allValue"] == ".*"
+    assert "prometheus" not in json.dumps(dashboard).replace('"type": "prometheus"', "").replace(
+        '"query": "prometheus"', ""
+    ).replace("Prometheus", ""), "no datasource uid or name hard-coded"
 
 
 # --- Dockerfile ---------------------------------------------------------------------------------
@@ -349,8 +419,12 @@ def test_dashboard_queries_only_spec_metrics(dashboard: dict[str, Any]) -> None:
     unknown = {m for m in used if spec_base(m) is None}
     assert not unknown, f"dashboard queries metrics the spec does not name: {sorted(unknown)}"
     covered = {spec_base(m) for m in used}
-    assert covered == set(SPEC_METRICS), f"not on the dashboard: {set(SPEC_METRICS) - covered}"
-    variable_queries = [v["definition"] for v in dashboard["templating"]["list"]]
+    assert covered == set(ALL_METRICS), f"not on the dashboard: {set(ALL_METRICS) - covered}"
+    # every query filters by the job and group variables (instance: per-pod facts only)
+    for expr in exprs:
+        for selector in re.findall(r"retryd_\w+\{([^}]*)\}", expr):
+            assert 'job=~"$job"' in selector and 'group=~"$group"' in selector, expr
+    variable_queries = [v.get("definition", "") for v in dashboard["templating"]["list"]]
     assert all(spec_base(m) for q in variable_queries for m in METRIC_RE.findall(q))
 
 
@@ -364,7 +438,10 @@ def test_dashboard_shape(dashboard: dict[str, Any]) -> None:
         "Handler duration p50 / p99",
         "Due lateness p50 / p99",
         "Paused partitions",
-        "Consumer lag",
+        "Main-topic lag",
+        "Tier backlog",
+        "Dead letters waiting",
+        "Workers alive",
         "Rebalances",
         "Replays by status",
     ):
@@ -423,11 +500,11 @@ def test_promtool_alert_unit_tests() -> None:
 @needs_promtool
 def test_promtool_parses_every_dashboard_query(dashboard: dict[str, Any], tmp_path: Path) -> None:
     """Each dashboard query, with Grafana's variables filled in, as a recording rule."""
-    substitutions = {"$__rate_interval": "1m", "$__range": "1h", "$topic": ".*"}
+    values = {"__rate_interval": "1m", "__range": "1h", "topic": ".*", "job": ".*"}
+    values |= {"group": ".*", "instance": ".*"}
     rules = []
     for i, expr in enumerate(dashboard_exprs(dashboard)):
-        for var, value in substitutions.items():
-            expr = expr.replace(var, value)
+        expr = substitute(expr, values)
         assert "$" not in expr, expr
         rules.append({"record": f"retryd:dashboard_query_{i}", "expr": expr})
     path = tmp_path / "dashboard_rules.yml"

@@ -1,33 +1,81 @@
-"""README command 1: ``retryd dev`` runs on its own embedded broker and checks its own summary."""
+"""README command 1: ``retryd dev`` runs on its own embedded broker and checks its own summary,
+with the operator's view: the sidecar's /metrics, /readyz and /v1 URLs and a token for the run
+are printed and answer (``--hold`` keeps them up after the summary until Ctrl-C)."""
 
 from __future__ import annotations
 
+import re
+import signal
 import subprocess
 import sys
+import threading
+import time
+
+import httpx
+import pytest
 
 from tests.integration.worker_support import REPO
 
 
-def test_retryd_dev_drains_demo_traffic_and_prints_a_matching_summary() -> None:
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "retryd",
-            "dev",
-            "--messages",
-            "300",
-            "--sequence",
-            "1s,1s",
-            "--processes",
-            "2",
-            "--partitions",
-            "2",
-        ],
+def _dev(*args: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "retryd", "dev", "--sequence", "1s,1s", "--partitions", "2", *args],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )
+
+
+def _read_until(proc: subprocess.Popen[bytes], marker: str, timeout: float) -> str:
+    """Read the output until ``marker`` (or the end), within ``timeout`` seconds."""
+    assert proc.stdout is not None
+    seen: list[str] = []
+    found = threading.Event()
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            seen.append(raw.decode(errors="replace"))
+            if marker in seen[-1]:
+                found.set()
+                return
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    reader.join(timeout)
+    return "".join(seen)
+
+
+def test_retryd_dev_prints_and_serves_the_operators_view() -> None:
+    proc = _dev("--messages", "300", "--processes", "2", "--hold")
+    try:
+        text = _read_until(proc, "holding the broker", 180)
+        assert "summary" in text and "drained in" in text, text[-3000:]
+        assert "MISSING" not in text, text[-3000:]
+        metrics = re.search(r"sidecar metrics\s+(\S+/metrics)", text)
+        ready = re.search(r"sidecar ready\s+(\S+/readyz)", text)
+        api = re.search(r"sidecar API\s+(\S+/v1/failed)", text)
+        token = re.search(r"API token\s+([0-9a-f]{64})", text)
+        assert metrics and ready and api and token, text[-3000:]
+        body = httpx.get(metrics.group(1), timeout=10).text
+        assert "retryd_messages_total" in body and "retryd_workers_alive" in body
+        assert httpx.get(ready.group(1), timeout=10).json()["status"] in ("ready", "not_ready")
+        auth = {"Authorization": f"Bearer {token.group(1)}"}
+        assert httpx.get(api.group(1), timeout=30).status_code == 401
+        failed = httpx.get(api.group(1), headers=auth, timeout=30)
+        assert failed.status_code == 200 and failed.json()["items"], failed.text[:500]
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+@pytest.mark.parametrize("handler", ["http"])
+def test_retryd_dev_through_a_business_service_over_http(handler: str) -> None:
+    started = time.monotonic()
+    proc = _dev("--messages", "150", "--processes", "1", "--handler", handler, "--no-sidecar")
     try:
         out, _ = proc.communicate(timeout=180)
     finally:
@@ -36,5 +84,6 @@ def test_retryd_dev_drains_demo_traffic_and_prints_a_matching_summary() -> None:
             proc.wait(10)
     text = out.decode(errors="replace")
     assert proc.returncode == 0, text[-3000:]
-    assert "summary" in text and "drained in" in text
-    assert "MISSING" not in text
+    assert "business service (HTTP handler contract) at http://127.0.0.1:" in text
+    assert "summary" in text and "MISSING" not in text, text[-3000:]
+    print(f"retryd dev --handler http: {time.monotonic() - started:.1f}s")

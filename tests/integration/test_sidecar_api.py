@@ -148,6 +148,11 @@ def test_browse_pages_and_filters(sidecar: SidecarProcess, deployment: Env) -> N
         assert count(until_ms=stamps[0]) == 0
         assert count(since_ms=stamps[-1] + 1) == 0
         assert count(since_ms=stamps[0], until_ms=stamps[-1] + 1) == N + 1
+        # ISO-8601 and relative forms, like the command line's --since/--until
+        assert count(since="1h") == N + 1
+        assert count(since="2h ago", until="now") == N + 1
+        assert count(until="2001-09-09T01:46:40Z") == 0
+        assert count(since="2001-09-09") == N + 1
 
 
 def test_one_record(sidecar: SidecarProcess, deployment: Env) -> None:
@@ -216,6 +221,10 @@ def test_invalid_requests_get_readable_4xx(sidecar: SidecarProcess) -> None:
             ("GET", "/v1/failed", {"params": {"cursor": "!!!"}}, 400, "cursor"),
             ("GET", "/v1/failed", {"params": {"cursor": "eyI5IjowfQ"}}, 400, "partition 9"),
             ("GET", "/v1/failed", {"params": {"key_base64": "@@"}}, 422, "key_base64"),
+            ("GET", "/v1/failed", {"params": {"since": "yesterday"}}, 422, "since"),
+            ("GET", "/v1/failed", {"params": {"until": "1h", "until_ms": 5}}, 400, "not both"),
+            ("GET", "/v1/failed", {"params": {"since": "2024-13-01"}}, 400, "ISO-8601"),
+            ("POST", "/v1/replays", {"json": {"filter": {"since": "soon"}}}, 422, "since"),
             (
                 "POST",
                 "/v1/replays",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from unittest import mock
 
 import httpx
 
@@ -16,6 +17,9 @@ from retryd.kafka.embedded import EmbeddedBroker, free_port
 from retryd.runtime.heartbeat import HeartbeatWriter
 from tests.integration.sidecar_support import TOKEN, Env, SidecarProcess
 from tests.support import wait_for
+
+# A PID that does not exist here (above the kernel's pid_max limit of 2^22).
+FOREIGN_PID = 2**22 + 17
 
 
 def _ready(url: str, token: str | None = TOKEN) -> httpx.Response:
@@ -63,7 +67,25 @@ def test_readiness_follows_broker_and_workers(tmp_path: Path) -> None:
         assert stale["reasons"] == ["worker_heartbeat_stale", "no_live_worker"] or stale[
             "reasons"
         ] == ["no_live_worker", "worker_heartbeat_stale"], stale
-        assert any("heartbeat is" in line for line in stale["details"]), stale
+        assert any("stopped beating" in line for line in stale["details"]), stale
+
+        # No shared PID namespace: a worker in another container of the pod has a PID this
+        # sidecar cannot see. Its fresh heartbeat is what counts; "stopping" does not count.
+        foreign = HeartbeatWriter(env.state_dir, "all", env.group, interval_s=0)
+        foreign.path = foreign.dir / f"{FOREIGN_PID}.json"
+        heartbeat.remove()
+        with mock.patch("os.getpid", return_value=FOREIGN_PID):
+            foreign.beat(assigned=1, paused=0, force=True)
+        seen = wait_for(
+            lambda: (resp := _ready(sidecar.url)).status_code == 200 and resp.json(),
+            15,
+            what="ready on a heartbeat whose PID is not in this namespace",
+        )
+        assert [w["pid"] for w in seen["workers"]] == [FOREIGN_PID], seen
+        with mock.patch("os.getpid", return_value=FOREIGN_PID):
+            foreign.beat(assigned=1, paused=0, state="stopping", force=True)
+        _assert_public(_ready(sidecar.url, None), env, 503, ["no_live_worker"])
+        foreign.remove()
 
         def beating_ready(expect: int) -> dict | None:
             heartbeat.beat(assigned=2, paused=0, force=True)

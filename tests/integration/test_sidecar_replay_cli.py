@@ -47,11 +47,23 @@ def test_replay_cli(bootstrap: str, tmp_path: Path) -> None:
     assert snap["state"] == "completed" and snap["replayed"] == 30 and snap["failed"] == 0
     assert len(read_topic(bootstrap, env.main, expect=30)) == 30
 
-    again = _run(env, "--json")
+    # No filter: every record of failed_topic. Refused without a terminal unless --yes.
+    refused_all = _run(env, "--json")
+    assert refused_all.returncode == 2 and "--yes" in refused_all.stderr, refused_all.stderr
+    assert len(read_topic(bootstrap, env.other)) == 0
+    again = _run(env, "--json", "--yes")
     snap = json.loads(again.stdout)
     assert snap["replayed"] == 10 and snap["skipped_reasons"] == {"already_replayed": 30}
 
+    # Time filters: ISO-8601 or relative. Everything was dead-lettered just now.
+    recent = _run(env, "--dry-run", "--json", "--since", "10m", "--force")
+    assert json.loads(recent.stdout)["matched"] == 40, recent.stderr
+    old = _run(env, "--dry-run", "--json", "--until", "2001-09-09T01:46:40Z", "--force")
+    assert json.loads(old.stdout)["matched"] == 0, old.stderr
+    bad_time = _run(env, "--since", "yesterday")
+    assert bad_time.returncode == 2 and "ISO-8601" in bad_time.stderr
+
     bad = _run(env, "--dead-reason", "bored")
     assert bad.returncode == 2 and "--dead-reason" in bad.stderr
-    refused = _run(env, "--target", "elsewhere")
+    refused = _run(env, "--target", "elsewhere", "--yes")
     assert refused.returncode == 1 and "allow-list" in refused.stderr

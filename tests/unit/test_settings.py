@@ -297,3 +297,25 @@ def test_example_config_loads_and_documents_every_field() -> None:
     for name in Settings.model_fields:
         if name not in examples:
             assert getattr(s, name) == getattr(defaults, name), f"{name} differs from default"
+
+
+# --- credentials from a mounted file ------------------------------------------------------------
+
+
+def test_kafka_file_adds_options_over_the_table_and_never_shows_values(tmp_path: Path) -> None:
+    creds = tmp_path / "kafka.properties"
+    creds.write_text(
+        "# from a Secret\nsecurity.protocol=SASL_SSL\nsasl.password = p=ss w0rd\n\n"
+        "! also a comment\n"
+    )
+    s = load_settings(kafka={"security.protocol": "PLAINTEXT", "acks": "all"}, kafka_file=creds)
+    assert s.kafka_common()["security.protocol"] == "SASL_SSL"
+    assert s.kafka_common()["sasl.password"] == "p=ss w0rd"
+    assert s.kafka_common()["acks"] == "all"
+    assert "w0rd" not in str(s.safe_summary())
+    creds.write_text("sasl.password=hunter2\nnot an option\n")
+    with pytest.raises(ConfigError) as info:
+        load_settings(kafka_file=creds)
+    assert info.value.problems == [f"kafka_file {creds} line 2: expected key=value"]
+    assert "hunter2" not in str(info.value)
+    assert load_settings(kafka_file="").kafka_file is None  # blank = not set (compose)

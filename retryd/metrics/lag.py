@@ -1,0 +1,204 @@
+"""Group-level facts the sidecar measures from Kafka: consumer lag and the dead-letter backlog.
+
+Both are facts of the consumer group or of a topic, not of the host the sidecar runs on: every
+sidecar of a deployment (one per pod) measures the same values. They are exported by each of
+them (so a single sidecar that stays up is enough) and dashboards and alerts aggregate them
+with ``max by (group, topic, partition)`` (lag) or ``max by (topic)`` (backlog) before any
+``sum``: a replica never multiplies them. See deploy/README.md.
+
+Measured every ``interval_s`` in one background thread, which also runs the ``also`` callables
+(the replay ledger tail, ``retryd.metrics.replays``) so the sidecar needs one thread for all of
+its Kafka-side measurements.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from confluent_kafka import (
+    Consumer,
+    ConsumerGroupTopicPartitions,
+    KafkaError,
+    KafkaException,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient
+
+from retryd.errors import RetrydError
+from retryd.kafka.clients import admin_config, new_admin, new_consumer, reader_config
+
+log = logging.getLogger(__name__)
+
+
+class LagMonitor:
+    """Measures the worker group's lag (and the records in ``backlog_topics``) periodically.
+
+    The group's committed offsets come from an admin OffsetFetch
+    (``list_consumer_group_offsets``), so nothing here ever touches the group's membership. A
+    group-less consumer then fetches one small batch at each committed position and reads the
+    watermarks from the fetch response (``get_watermark_offsets(cached=True)``): a ListOffsets
+    'latest' request is wrong on some Kafka-compatible brokers. Lag = high watermark -
+    committed (or - low watermark when the group committed nothing); backlog = high - low.
+    """
+
+    def __init__(
+        self,
+        common: dict[str, str],
+        group_id: str,
+        topics: list[str],
+        interval_s: float = 5.0,
+        timeout_s: float = 5.0,
+        *,
+        backlog_topics: list[str] | None = None,
+        also: list[Callable[[], object]] | None = None,
+    ) -> None:
+        self.common = common
+        self.group_id = group_id
+        self.topics = topics
+        self.backlog_topics = list(backlog_topics or [])
+        self.also = list(also or [])
+        self.interval_s = interval_s
+        self.timeout_s = timeout_s
+        self._values: dict[tuple[str, int], int] = {}
+        self._backlog: dict[str, int] = {}
+        self._measured_at = 0.0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._consumer: Consumer | None = None
+        self._admin: AdminClient | None = None
+        self.last_error: str | None = None
+
+    def start(self) -> LagMonitor:
+        if (self.topics or self.backlog_topics or self.also) and self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="lag-monitor", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(self.timeout_s * 3)
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
+
+    def _fresh(self, max_age_s: float | None) -> bool:
+        limit = max_age_s if max_age_s is not None else max(15.0, self.interval_s * 3)
+        return time.monotonic() - self._measured_at <= limit
+
+    def snapshot(self, max_age_s: float | None = None) -> dict[tuple[str, int], int]:
+        """The last lag measurement, or {} if older than ``max_age_s`` (default 3 periods)."""
+        with self._lock:
+            return dict(self._values) if self._fresh(max_age_s) else {}
+
+    def backlog(self, max_age_s: float | None = None) -> dict[str, int]:
+        """Records in each backlog topic at the last measurement ({} when too old)."""
+        with self._lock:
+            return dict(self._backlog) if self._fresh(max_age_s) else {}
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                if self.topics or self.backlog_topics:
+                    self.measure_once()
+                self.last_error = None
+            except (KafkaException, RuntimeError, TimeoutError) as exc:
+                self.last_error = str(exc)
+                log.warning("consumer lag measurement failed: %s", exc)
+            for extra in self.also:
+                try:
+                    extra()
+                except (KafkaException, RetrydError, RuntimeError) as exc:
+                    log.warning("sidecar measurement failed: %s", exc)
+            self._stop.wait(self.interval_s)
+
+    def _get_consumer(self) -> Consumer:
+        if self._consumer is None:
+            self._consumer = new_consumer(
+                reader_config(
+                    self.common,
+                    "lag-probe",
+                    **{
+                        "fetch.wait.max.ms": 50,
+                        "queued.max.messages.kbytes": 64,
+                        "max.partition.fetch.bytes": 16384,
+                        "log_level": 3,
+                    },
+                )
+            )
+        return self._consumer
+
+    def _committed(self, tps: list[TopicPartition]) -> dict[tuple[str, int], int]:
+        out = {(tp.topic, tp.partition): -1 for tp in tps}
+        if not tps:
+            return out
+        if self._admin is None:
+            self._admin = new_admin(admin_config(self.common, "lag-monitor", log_level=3))
+        request = [ConsumerGroupTopicPartitions(self.group_id, tps)]
+        futures = self._admin.list_consumer_group_offsets(request, request_timeout=self.timeout_s)
+        result = futures[self.group_id].result(self.timeout_s)
+        for tp in result.topic_partitions or []:
+            if tp.error is None:
+                out[(tp.topic, tp.partition)] = tp.offset
+        return out
+
+    def _partitions(self, consumer: Consumer, topics: list[str]) -> list[TopicPartition]:
+        tps: list[TopicPartition] = []
+        for topic in topics:
+            md = consumer.list_topics(topic, timeout=self.timeout_s).topics.get(topic)
+            if md is None or md.error is not None:
+                continue
+            tps.extend(TopicPartition(topic, p) for p in sorted(md.partitions))
+        return tps
+
+    def measure_once(self) -> dict[tuple[str, int], int]:
+        consumer = self._get_consumer()
+        tps = self._partitions(consumer, self.topics)
+        backlog_tps = self._partitions(consumer, [t for t in self.backlog_topics if t])
+        committed = self._committed(tps)
+        start = [
+            TopicPartition(t.topic, t.partition, max(committed[(t.topic, t.partition)], 0))
+            for t in tps
+        ] + [TopicPartition(t.topic, t.partition, 0) for t in backlog_tps]
+        out: dict[tuple[str, int], int] = {}
+        backlog: dict[str, int] = {}
+        if start:
+            seen = self._fetch_once(consumer, start)
+            for t in tps:
+                key = (t.topic, t.partition)
+                if key not in seen:
+                    continue
+                low, high = consumer.get_watermark_offsets(t, cached=True)
+                base = committed[key] if committed[key] >= 0 else max(low, 0)
+                if high >= 0:
+                    out[key] = max(0, high - base)
+            for t in backlog_tps:
+                if (t.topic, t.partition) not in seen:
+                    continue
+                low, high = consumer.get_watermark_offsets(t, cached=True)
+                if high >= 0:
+                    backlog[t.topic] = backlog.get(t.topic, 0) + max(0, high - max(low, 0))
+        with self._lock:
+            self._values = out
+            self._backlog = backlog
+            self._measured_at = time.monotonic()
+        return out
+
+    def _fetch_once(self, consumer: Consumer, start: list[TopicPartition]) -> set[tuple[str, int]]:
+        """Fetch one small batch per partition, so the client caches its watermarks."""
+        consumer.assign(start)
+        seen: set[tuple[str, int]] = set()
+        deadline = time.monotonic() + self.timeout_s
+        try:
+            while len(seen) < len(start) and time.monotonic() < deadline:
+                for msg in consumer.consume(1000, 0.1):
+                    err = msg.error()
+                    if err is None or err.code() == KafkaError._PARTITION_EOF:
+                        seen.add((msg.topic() or "", msg.partition() or 0))
+        finally:
+            consumer.unassign()
+        return seen
