@@ -105,7 +105,6 @@ def settle_on_slot(w: Work, result: HandlerResult, seconds: float, stats: SlotSt
     thread must route it."""
     topic = w.topic
     w.result = result
-    stats.calls += 1
     durations = stats.durations.get(topic)
     if durations is None:
         durations = stats.duration(topic)
@@ -116,13 +115,16 @@ def settle_on_slot(w: Work, result: HandlerResult, seconds: float, stats: SlotSt
     if outcome is _SUCCESS:
         success = stats.success
         success[topic] = success.get(topic, 0) + 1
+        stats.calls += 1  # last: the collector's "nothing new" check reads it
         w.state = 4  # Work.DONE
         return True
     if outcome is _DROP:
         dropped = stats.dropped
         dropped[topic] = dropped.get(topic, 0) + 1
+        stats.calls += 1
         w.state = 4
         return True
+    stats.calls += 1
     return False
 
 
@@ -133,6 +135,9 @@ class Collector:
         self._seen: dict[int, SlotStats] = {}
 
     def add(self, slot_stats: SlotStats, into: BatchStats) -> None:
+        # ``calls`` is written last by a slot, after the counters and histograms of that call:
+        # an unchanged count means nothing new, and a snapshot never misses part of a call it
+        # counted (a call half-recorded at snapshot time is taken whole by a later one).
         key = id(slot_stats)
         before = self._seen.get(key)
         if before is not None and before.calls == slot_stats.calls:
@@ -157,8 +162,8 @@ def hand_back(scheduler: Scheduler, held: list[Work], index: int) -> None:
 
 def timed_out(work: Work, timeout_s: float, stats: SlotStats, completions: deque[Work]) -> None:
     """A call abandoned by a watchdog: a timeout result, routed by the poll thread."""
-    stats.calls += 1
     stats.duration(work.topic).observe(timeout_s)
+    stats.calls += 1
     work.result = timeout_result(timeout_s)
     work.seconds = timeout_s
     work.state = Work.FINISHED

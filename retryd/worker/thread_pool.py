@@ -203,11 +203,11 @@ class ThreadPool:
                     if result is success and not w.due:
                         w.result = result
                         topic = w.topic
-                        stats.calls += 1
                         durations = stats.durations.get(topic) or stats.duration(topic)
                         durations.observe(seconds)
                         counts = stats.success
                         counts[topic] = counts.get(topic, 0) + 1
+                        stats.calls += 1  # last (see Collector.add)
                         w.state = 4  # Work.DONE
                     elif not settle_on_slot(w, result, seconds, stats):
                         w.result = result

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from retryd.policy.routing import Route
 from retryd.worker.book import PartitionBook
-from retryd.worker.events import BatchStats, Buckets
+from retryd.worker.events import BatchStats, Buckets, SlotStats
 from retryd.worker.intake import effective_due_ms
 from retryd.worker.partition import PAUSE_BUFFER, PAUSE_PRODUCER, PartitionState
 from retryd.worker.router import Router
@@ -237,3 +237,29 @@ def test_flow_control_pauses_at_each_limit_and_resumes_at_half() -> None:
     main.pending_bytes = 100
     flow_control(book, partition_buffer=10, tier_buffer=4, buffer_bytes=100, producer_blocked=False)
     assert consumer.paused == {("main", 0), ("tier", 0)}  # memory: everything pauses
+
+
+def test_collector_takes_a_call_recorded_while_it_was_reading() -> None:
+    """A slot thread records a call while the poll thread collects: a snapshot taken halfway
+    must not make the collector take the rest for "nothing new" (the last call of a run lost
+    its duration that way)."""
+    from retryd.policy.classify import HandlerResult
+    from retryd.worker.events import LATENCY_BUCKETS
+    from retryd.worker.slots import Collector, settle_on_slot
+
+    stats = SlotStats()
+    collector = Collector()
+    total = BatchStats()
+
+    class CollectedMidway(Buckets):
+        def observe(self, value: float) -> None:
+            collector.add(stats, total)  # the poll thread reads while the slot records
+            super().observe(value)
+
+    stats.durations["t"] = CollectedMidway(LATENCY_BUCKETS)
+    w = Work.__new__(Work)
+    w.topic, w.due = "t", 0
+    settle_on_slot(w, HandlerResult.success(), 0.002, stats)
+    collector.add(stats, total)  # the run's last collection
+    assert total.duration("t").count == 1
+    assert total.outcomes[("t", "success")] == 1
