@@ -21,7 +21,15 @@ def worker_consumer_config(
     """
     tuning: dict[str, Any] = {
         "session.timeout.ms": settings.session_timeout_ms,
+        # A third of the session timeout at most (librdkafka's fixed 3 s default would let a
+        # short session expire between two heartbeats).
+        "heartbeat.interval.ms": min(3000, settings.session_timeout_ms // 3),
         "max.poll.interval.ms": settings.max_poll_interval_ms,
+        # Tier precision: a fetch waits for new records at most this long. A broker answers a
+        # fetch as soon as data arrives, but one that holds it for the whole wait (the embedded
+        # test broker does) delivered records up to 500 ms (the default) after they came due;
+        # 100 ms costs an idle consumer 10 small fetches a second per broker.
+        "fetch.wait.max.ms": 100,
     }
     if role is Role.TIERS:
         tuning["queued.max.messages.kbytes"] = settings.tier_prefetch_kbytes

@@ -63,7 +63,8 @@ class LoopPool:
     def _current(self) -> _Loop:
         if self._loop is None:
             self._generation += 1
-            self._loop = _Loop(self, self._generation)
+            loop = self._loop = _Loop(self, self._generation)
+            loop.start_slots()  # once ``running()`` can see the loop's slots
         return self._loop
 
     def wake(self, ready: int) -> None:
@@ -161,13 +162,18 @@ class _Loop:
 
     def _main(self, started: threading.Event) -> None:
         asyncio.set_event_loop(self.loop)
-        self._tasks = [self.loop.create_task(self._serve(slot)) for slot in self.slots]
         self.loop.call_soon(started.set)
         try:
             self.loop.run_forever()
         finally:
             with contextlib.suppress(Exception):
                 self.loop.close()
+
+    def start_slots(self) -> None:
+        self.loop.call_soon_threadsafe(self._spawn)
+
+    def _spawn(self) -> None:
+        self._tasks = [self.loop.create_task(self._serve(slot)) for slot in self.slots]
 
     def wake(self, ready: int) -> None:
         if self.sleepers and not self.abandoned:
@@ -190,7 +196,7 @@ class _Loop:
         done = pool.completions.append
         scheduler = pool.scheduler
         take = scheduler.take
-        release = scheduler.release
+        handoff = scheduler.handoff
         stats = slot.stats
         while not self.abandoned:
             self.sleepers += 1  # before the last look: a submit after it will wake us
@@ -204,13 +210,15 @@ class _Loop:
             self.sleepers -= 1
             w: Work | None = held[0]
             while w is not None:
-                if not w.part.revoked:
-                    slot.held = [w]
-                    slot.index = 0
+                slot.held = [w]
+                slot.index = 0
+                started = perf()
+                slot.started = started
+                slot.work = w  # claim, then check (see ThreadPool._serve)
+                if w.part.revoked:
+                    slot.work = None
+                else:
                     w.state = 1  # RUNNING
-                    started = perf()
-                    slot.started = started
-                    slot.work = w
                     try:
                         async with asyncio.timeout(timeout_s):
                             result = await acall(w)
@@ -232,7 +240,7 @@ class _Loop:
                         w.seconds = seconds
                         w.state = 2  # FINISHED: the poll thread routes it
                         done(w)
-                w = release(w)
+                w = handoff(w)
 
     def abandon(self) -> list[tuple[Work, list[Work], int]]:
         """Give up on this loop: the calls it is running, each with the records its slot held

@@ -4,15 +4,16 @@ Every record carries its *ordering key* (``lock``): ``(partition state, record k
 ``ordering=key``, the partition state for ``partition``, ``None`` for ``none``. The scheduler
 keeps, per busy key, the last record queued or running (``_tails``). A record whose key is busy
 is *chained* behind that record (``work.next``) instead of being made ready; when a slot
-finishes a record it continues with the record chained behind it, if any. So the records of
-one key never run concurrently and run in offset order, while different keys run in parallel,
-and a chained record is never "ready": a hot key holds back only its own records.
+finishes a record, the record chained behind it becomes ready, behind the keys already waiting
+(keys take turns). So the records of one key never run concurrently and run in offset order,
+while different keys run in parallel, and a chained record is never "ready": a hot key holds
+back only its own records.
 
 Records are their own queue nodes (no run objects per key), and slots take ready records in
 chunks under one lock acquisition, so a record costs a few dictionary and deque operations.
 
-Thread safety: ``submit`` is called by the poll thread, ``take``/``release``/``requeue`` by the
-handler slots; every structure is guarded by ``lock``.
+Thread safety: ``submit`` is called by the poll thread, ``take``/``handoff``/``release_*``/
+``requeue`` by the handler slots; every structure is guarded by ``lock``.
 """
 
 from __future__ import annotations
@@ -88,20 +89,26 @@ class Scheduler:
         with self.lock:
             return self.take_locked(n) if self.ready else []
 
-    def release(self, w: Work) -> Work | None:
-        """``w`` finished: the record chained behind it (the caller runs it next), or None when
-        its key has nothing more queued."""
+    def handoff(self, w: Work) -> Work | None:
+        """``w`` finished: the record chained behind it goes to the *back* of the ready queue,
+        and the slot gets the record at the front. Keys take turns: a slot that kept running one
+        key's chain would leave the last wave of long chains on a few slots while the others
+        idle (200 keys of 100 records on 64 slots: 4 waves of 2 s instead of 6.25 s of work)."""
         key = w.lock
-        if key is None:
-            return None
+        ready = self.ready
         with self.lock:
-            nxt = w.next
-            if nxt is None and self._tails.get(key) is w:
-                del self._tails[key]
-            return nxt
+            if key is not None:
+                nxt = w.next
+                if nxt is not None:
+                    ready.append(nxt)
+                elif self._tails.get(key) is w:
+                    del self._tails[key]
+            if not ready:
+                return None
+            return self.take_locked(1)[0]
 
     def release_many(self, works: list[Work], into: list[Work]) -> None:
-        """``release`` for records finished together, under one lock; successors go to
+        """Records finished together (an abandoned slot's), under one lock; successors go to
         ``into``."""
         tails = self._tails
         with self.lock:
@@ -116,7 +123,7 @@ class Scheduler:
                     del tails[key]
 
     def release_locked(self, works: list[Work]) -> None:
-        """``release`` for records a slot finished together; records chained behind them
+        """Records a slot finished together; records chained behind them
         become ready (any slot may run them: a slot that took several keys must not keep
         them all to itself). The caller holds ``lock``."""
         tails = self._tails

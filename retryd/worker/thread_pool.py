@@ -182,13 +182,17 @@ class ThreadPool:
                 slot.held = held
                 for index in range(len(held)):
                     w = held[index]
-                    if w.part.revoked:
-                        continue
                     slot.index = index
-                    w.state = 1  # RUNNING
                     started = perf()
                     slot.started = started
+                    # Claim the record, *then* look at its partition: a revoke marks the
+                    # partition and then waits for claimed records, so one of the two sees the
+                    # other and a revoked record never starts after its partition was committed.
                     slot.work = w
+                    if w.part.revoked:
+                        slot.work = None
+                        continue
+                    w.state = 1  # RUNNING
                     try:
                         result = call(w)
                     except BaseException as exc:  # adapters never raise; if one does, retry

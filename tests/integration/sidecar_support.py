@@ -18,7 +18,7 @@ import httpx
 
 from retryd.kafka.embedded import free_port
 from retryd.policy.headers import Envelope, routed_headers
-from tests.support import create_topics, produce, unique, wait_for
+from tests.support import TEST_SESSION_TIMEOUT_MS, create_topics, produce, unique, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 # API tokens must be at least 32 bytes. TOKEN goes in RETRYD_API_TOKEN (replay scope).
@@ -89,7 +89,7 @@ class Env:
             RETRYD_SIDECAR_HOST="127.0.0.1",
             RETRYD_SIDECAR_PORT=str(port),
             RETRYD_READINESS_TIMEOUT_S="1",
-            RETRYD_SESSION_TIMEOUT_MS="6000",
+            RETRYD_SESSION_TIMEOUT_MS=str(TEST_SESSION_TIMEOUT_MS),
         )
         if self.other == self.main:
             env["RETRYD_MAIN_TOPICS"] = self.main

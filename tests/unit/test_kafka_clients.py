@@ -94,3 +94,11 @@ def test_bad_option_is_a_clear_error_without_secrets() -> None:
         new_consumer(conf)
     assert "no.such.option" in str(info.value)
     assert "hunter2" not in str(info.value)
+
+
+def test_heartbeat_fits_a_short_session() -> None:
+    """librdkafka's 3 s heartbeat would outlast a 2 s session: at most a third of it."""
+    short = worker_consumer_config(load_settings(session_timeout_ms=2000), Role.MAIN)
+    assert short["heartbeat.interval.ms"] == 666
+    default = worker_consumer_config(load_settings(), Role.MAIN)
+    assert default["heartbeat.interval.ms"] == 3000

@@ -402,3 +402,41 @@ def test_loader_redacts_credentials_in_errors() -> None:
 def test_loader_rejects_bad_timeout(timeout: float) -> None:
     with pytest.raises(HandlerLoadError, match="timeout"):
         load_handler("python:tests.handlers_for_tests:ok", timeout_s=timeout)
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_slot_claims_a_record_before_it_checks_for_a_revoke(kind: str) -> None:
+    """A revoke marks the partition, then waits until no slot holds one of its records. A
+    slot that checked the mark first and claimed the record after could start it once the
+    partition was committed and handed over (a record handled by two members). At the moment
+    a slot reads the mark, the record must already count as running."""
+    from retryd.worker.partition import PartitionState
+
+    seen_running: list[int] = []
+    harness: Harness | None = None
+
+    class Watched(PartitionState):
+        @property  # type: ignore[override]
+        def revoked(self) -> bool:
+            assert harness is not None
+            seen_running.append(harness.pool.running([self]))
+            return False
+
+        @revoked.setter
+        def revoked(self, value: bool) -> None:
+            pass
+
+    def sync_handler(message: Message) -> None:
+        return None
+
+    async def async_handler(message: Message) -> None:
+        return None
+
+    func = sync_handler if kind == "sync" else async_handler
+    harness = Harness(PythonHandler(func, timeout_s=5.0))
+    try:
+        harness.submit([(None, [work_of(MSG, Watched("orders", 2, None))])])
+        harness.collect(1)
+        assert seen_running and all(n == 1 for n in seen_running), seen_running
+    finally:
+        harness.close()

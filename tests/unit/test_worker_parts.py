@@ -44,9 +44,22 @@ def test_records_of_a_busy_key_chain_behind_it_and_continue_in_order() -> None:
     assert s.submit([a1, b1]) == 2
     assert s.submit([a2]) == 0  # "a" is busy: chained, not ready
     assert s.take(10) == [a1, b1] and s.take() == []
-    assert s.release(a1) is a2  # the slot continues with the key's next record
-    assert s.release(a2) is None and s.busy_keys == 1
-    assert s.release(b1) is None and s.busy_keys == 0
+    assert s.handoff(a1) is a2  # nothing else ready: the slot runs the key's next record
+    assert s.handoff(a2) is None and s.busy_keys == 1
+    assert s.handoff(b1) is None and s.busy_keys == 0
+
+
+def test_handoff_lets_keys_take_turns() -> None:
+    """A finished record's successor queues behind the keys already waiting, so one slot
+    does not run a long chain to its end while other keys' records wait."""
+    s = Scheduler()
+    a1, b1, a2, b2 = _keyed(0, "a"), _keyed(1, "b"), _keyed(2, "a"), _keyed(3, "b")
+    s.submit([a1, b1, a2, b2])
+    assert s.take() == [a1]
+    assert s.handoff(a1) is b1  # b was waiting: its turn before a2
+    assert s.handoff(b1) is a2
+    assert s.handoff(a2) is b2
+    assert s.handoff(b2) is None and s.busy_keys == 0
 
 
 def test_release_many_hands_back_successors_under_one_lock() -> None:
