@@ -322,6 +322,11 @@ def summarize(results: dict[str, list[dict]]) -> list[dict]:
     return rows
 
 
+def _version(v: Any) -> str:
+    """confluent-kafka's version(): a string in some releases, (string, int) in others."""
+    return str(v[0] if isinstance(v, tuple) else v)
+
+
 def machine() -> dict[str, Any]:
     import confluent_kafka
 
@@ -332,7 +337,7 @@ def machine() -> dict[str, Any]:
         "cpus": os.cpu_count(),
         "platform": platform.platform(),
         "python": platform.python_version(),
-        "confluent_kafka": confluent_kafka.version()[0],
+        "confluent_kafka": _version(confluent_kafka.version()),
         "librdkafka": confluent_kafka.libversion()[0],
         "broker": "external" if os.environ.get("RETRYD_TEST_BOOTSTRAP") else "embedded Tansu",
         "retryd_commit": commit,

@@ -143,10 +143,17 @@ class Metrics:
         self.dir = state_dir / "metrics"
         self.dir.mkdir(parents=True, exist_ok=True)
         self._collector = MultiProcessCollector(CollectorRegistry(), path=str(self.dir))
+        self._last = 0.0
 
     def messages(self, topic: str, outcome: str) -> float:
+        import struct
+
+        try:
+            metrics = list(self._collector.collect())
+        except struct.error:  # a metric file the worker is creating right now: not yet sized
+            return self._last
         total = 0.0
-        for metric in self._collector.collect():
+        for metric in metrics:
             if metric.name != "retryd_messages":
                 continue
             for s in metric.samples:
@@ -156,6 +163,7 @@ class Metrics:
                     and s.labels.get("outcome") == outcome
                 ):
                     total += s.value
+        self._last = total
         return total
 
 
