@@ -355,10 +355,23 @@ class Worker:
             log.error("error while closing the consumer: %s", exc)
         finally:
             self.pool.close(1.0)
+            self._flush_stats()
             if self._heartbeat is not None:
                 self._heartbeat.remove()
             self.events.paused({})
             self.events.inflight(0)
+
+    def _flush_stats(self) -> None:
+        """The last counts: a slot clears its claim before it records the call, so a call
+        that ended just before the stop may not have reached a batch's collection yet."""
+        settler = self._settler
+        if settler is None:
+            return
+        self.pool.collect(settler.stats)
+        stats = settler.take_stats()
+        if stats:
+            now = time.monotonic()
+            self.events.batch(stats, now, now)
 
     def _finish_consumed(self) -> None:
         """On a clean stop, finish the records already consumed (not the ones waiting for
