@@ -60,8 +60,8 @@ class _Failures:
         return result
 
 
-class SyncPythonHandler:
-    """A blocking callable, called on a pool thread (``SyncHandler``)."""
+class _Adapter:
+    """What both Python adapters hold: the callable, its timeout and failure classification."""
 
     def __init__(
         self,
@@ -77,6 +77,10 @@ class SyncPythonHandler:
         self.timeout_s = float(timeout_s)
         self.name = name
         self._failed = _Failures(name, non_retryable)
+
+
+class SyncPythonHandler(_Adapter):
+    """A blocking callable, called on a pool thread (``SyncHandler``)."""
 
     def call(self, message: Message) -> HandlerResult:
         try:
@@ -106,23 +110,8 @@ class SyncPythonHandler:
         pass
 
 
-class AsyncPythonHandler:
+class AsyncPythonHandler(_Adapter):
     """An ``async def`` callable, awaited on the worker's event loop (``AsyncHandler``)."""
-
-    def __init__(
-        self,
-        func: Callable[[Message], Any],
-        *,
-        timeout_s: float,
-        non_retryable: Iterable[str] = (),
-        name: str = "handler",
-    ) -> None:
-        if timeout_s <= 0:
-            raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
-        self._func = func
-        self.timeout_s = float(timeout_s)
-        self.name = name
-        self._failed = _Failures(name, non_retryable)
 
     async def acall(self, message: Message) -> HandlerResult:
         try:

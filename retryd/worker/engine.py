@@ -253,10 +253,7 @@ class Worker:
         router.poll()
         self._flow_control(router)
         self.book.store()
-        pool.collect(settler.stats)
-        stats = settler.take_stats()
-        if stats:
-            self.events.batch(stats, started, time.monotonic())
+        self._flush_stats(started)
         self._publish_gauges()
         if pool.hung > self.settings.max_abandoned_handlers:
             self._set_fatal(
@@ -361,17 +358,18 @@ class Worker:
             self.events.paused({})
             self.events.inflight(0)
 
-    def _flush_stats(self) -> None:
-        """The last counts: a slot clears its claim before it records the call, so a call
-        that ended just before the stop may not have reached a batch's collection yet."""
+    def _flush_stats(self, started: float | None = None) -> None:
+        """Collect the slots' counts and emit what this batch observed. Also called once at
+        shutdown: a slot clears its claim before it records the call, so a call that ended
+        just before the stop may not have reached a batch's collection yet."""
         settler = self._settler
         if settler is None:
             return
         self.pool.collect(settler.stats)
         stats = settler.take_stats()
         if stats:
-            now = time.monotonic()
-            self.events.batch(stats, now, now)
+            ended = time.monotonic()
+            self.events.batch(stats, ended if started is None else started, ended)
 
     def _finish_consumed(self) -> None:
         """On a clean stop, finish the records already consumed (not the ones waiting for

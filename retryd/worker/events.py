@@ -56,59 +56,55 @@ class Buckets:
         self.total += now.total - before.total
 
 
-class BatchStats:
-    """Everything one poll iteration observed."""
+class _TopicHistograms:
+    """Handler-duration and due-lateness histograms per topic, made on first use."""
 
-    __slots__ = ("dead", "durations", "lateness", "outcomes", "records", "skipped")
+    __slots__ = ("durations", "lateness")
 
     def __init__(self) -> None:
+        self.durations: dict[str, Buckets] = {}
+        self.lateness: dict[str, Buckets] = {}
+
+    def duration(self, topic: str) -> Buckets:
+        b = self.durations.get(topic)
+        if b is None:
+            b = self.durations[topic] = Buckets(LATENCY_BUCKETS)
+        return b
+
+    def late(self, topic: str) -> Buckets:
+        b = self.lateness.get(topic)
+        if b is None:
+            b = self.lateness[topic] = Buckets(LATENESS_BUCKETS)
+        return b
+
+
+class BatchStats(_TopicHistograms):
+    """Everything one poll iteration observed."""
+
+    __slots__ = ("dead", "outcomes", "records", "skipped")
+
+    def __init__(self) -> None:
+        super().__init__()
         self.outcomes: Counter[tuple[str, str]] = Counter()  # (topic, outcome)
         self.dead: Counter[str] = Counter()  # dead-letter reason
         self.skipped: Counter[str] = Counter()  # skip reason
-        self.durations: dict[str, Buckets] = {}
-        self.lateness: dict[str, Buckets] = {}
         self.records = 0  # records consumed (for first/last timing)
 
     def __bool__(self) -> bool:
         return bool(self.records or self.outcomes or self.skipped or self.dead)
 
-    def duration(self, topic: str) -> Buckets:
-        b = self.durations.get(topic)
-        if b is None:
-            b = self.durations[topic] = Buckets(LATENCY_BUCKETS)
-        return b
 
-    def late(self, topic: str) -> Buckets:
-        b = self.lateness.get(topic)
-        if b is None:
-            b = self.lateness[topic] = Buckets(LATENESS_BUCKETS)
-        return b
-
-
-class SlotStats:
+class SlotStats(_TopicHistograms):
     """Monotonic counters of one handler slot (written only by that slot's thread). The poll
     thread reads them as deltas between snapshots, so neither side ever resets or locks."""
 
-    __slots__ = ("calls", "dropped", "durations", "lateness", "success")
+    __slots__ = ("calls", "dropped", "success")
 
     def __init__(self) -> None:
+        super().__init__()
         self.calls = 0
         self.success: dict[str, int] = {}
         self.dropped: dict[str, int] = {}
-        self.durations: dict[str, Buckets] = {}
-        self.lateness: dict[str, Buckets] = {}
-
-    def duration(self, topic: str) -> Buckets:
-        b = self.durations.get(topic)
-        if b is None:
-            b = self.durations[topic] = Buckets(LATENCY_BUCKETS)
-        return b
-
-    def late(self, topic: str) -> Buckets:
-        b = self.lateness.get(topic)
-        if b is None:
-            b = self.lateness[topic] = Buckets(LATENESS_BUCKETS)
-        return b
 
     def snapshot(self) -> SlotStats:
         s = SlotStats()
