@@ -318,13 +318,21 @@ class Worker:
             time.sleep(SETTLE_WAIT_S)  # a bounded settle wait (revoke, shutdown), not polling
 
     def _release(self, states: list[PartitionState], *, why: str) -> None:
-        """Give partitions up cleanly: nothing new starts, in-flight calls settle (bounded by
-        the handler timeout), routed copies are acknowledged, offsets committed."""
+        """Give partitions up cleanly: nothing new starts except queued main-topic records
+        below one that already started (so the commit covers every started record), in-flight
+        calls settle (bounded by the handler timeout), routed copies are acknowledged, offsets
+        committed."""
         for st in states:
+            if not st.is_tier:  # a tier's queued records may not be due yet
+                st.run_below = st.started_end()
             st.revoked = True
             self.intake.forget(st)
         grace = self.settings.handler_timeout_s + 1.0
-        if not self._settle_until(lambda: self.pool.running(states) == 0, grace):
+
+        def settled() -> bool:
+            return self.pool.running(states) == 0 and all(st.gaps_done() for st in states)
+
+        if not self._settle_until(settled, grace):
             log.warning("%s: calls still running after %.1fs; leaving them", why, grace)
         self._settle_until(lambda: not self.pool.completions, 1.0)
         if self._router is not None:

@@ -215,7 +215,8 @@ class _Loop:
                 started = perf()
                 slot.started = started
                 slot.work = w  # claim, then check (see ThreadPool._serve)
-                if w.part.revoked:
+                part = w.part
+                if part.revoked and w.offset >= part.run_below:
                     slot.work = None
                 else:
                     w.state = 1  # RUNNING

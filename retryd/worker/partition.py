@@ -38,6 +38,7 @@ class PartitionState:
         "pending_bytes",
         "position",
         "revoked",
+        "run_below",
         "stored",
         "tail",
         "topic",
@@ -55,8 +56,29 @@ class PartitionState:
         self.eof_at: int | None = None  # high watermark from the last end-of-partition event
         self.known_end = 0  # one past the highest offset we know exists (our own deliveries)
         self.stored: int | None = None  # last offset handed to store_offsets
-        self.revoked = False  # given up: run nothing more of it
+        self.revoked = False  # given up: run nothing more of it (but see run_below)
+        # Set with ``revoked``: queued records below this offset still run, so the committed
+        # offset reaches past every record already started (keys complete out of order).
+        self.run_below = 0
         self.lost = False  # taken away without a revoke: discard its results
+
+    def started_end(self) -> int:
+        """One past the highest offset whose call started (0 if none): the records below it
+        that are still queued must run before a revoke commits, or the next owner redoes
+        every started record above them."""
+        for w in reversed(self.pending):
+            if w.state != 0:  # not Work.QUEUED
+                return w.offset + 1
+        return 0
+
+    def gaps_done(self) -> bool:
+        """Every record below ``run_below`` has finished its call."""
+        for w in self.pending:
+            if w.offset >= self.run_below:
+                return True
+            if w.state <= 1:  # Work.QUEUED or RUNNING
+                return False
+        return True
 
     @property
     def is_tier(self) -> bool:

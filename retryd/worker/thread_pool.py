@@ -189,7 +189,8 @@ class ThreadPool:
                     # partition and then waits for claimed records, so one of the two sees the
                     # other and a revoked record never starts after its partition was committed.
                     slot.work = w
-                    if w.part.revoked:
+                    part = w.part
+                    if part.revoked and w.offset >= part.run_below:
                         slot.work = None
                         continue
                     w.state = 1  # RUNNING

@@ -276,3 +276,19 @@ def test_collector_takes_a_call_recorded_while_it_was_reading() -> None:
     collector.add(stats, total)  # the run's last collection
     assert total.duration("t").count == 1
     assert total.outcomes[("t", "success")] == 1
+
+
+def test_a_revoke_runs_queued_records_below_the_last_started_one() -> None:
+    """Keys complete out of order: a revoke that left a queued record below a started one
+    would commit below the started one, and the next owner would redo it."""
+    part = PartitionState("t", 0, None)
+    works = [_work(o, part) for o in range(4)]
+    part.pending.extend(works)
+    assert part.started_end() == 0
+    works[2].state = Work.RUNNING  # offset 2 started while 0 and 1 wait behind busy keys
+    part.run_below = part.started_end()
+    assert part.run_below == 3
+    assert not part.gaps_done()
+    for w in works[:3]:
+        w.state = Work.DONE
+    assert part.gaps_done()  # offset 3 (never started) is left to the next owner
