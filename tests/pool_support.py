@@ -6,28 +6,17 @@ from collections.abc import Hashable, Sequence
 
 from retryd.handlers.base import AsyncHandler, Handler, Message, SyncHandler, is_async_handler
 from retryd.policy.classify import HandlerResult
+from retryd.worker.lifecycle import Lifecycle
 from retryd.worker.partition import PartitionState
 from retryd.worker.pools import LoopPool, Pool, ThreadPool
 from retryd.worker.scheduler import Scheduler
-from retryd.worker.work import Work
+from retryd.worker.work import Work, work_of_message
 from tests.support import wait_for
 
 
 def work_of(message: Message, part: PartitionState | None = None) -> Work:
-    """A Work carrying ``message``'s fields (as the worker builds them from Kafka records)."""
-    w = Work.__new__(Work)
-    w._raw = None
-    w._env = None
-    w._fields = message._fields
-    w.topic, w.partition, w.offset = message.topic, message.partition, message.offset
-    w.part = part or PartitionState(message.topic, message.partition, None)
-    w.due = 0
-    w.state = Work.QUEUED
-    w.result = None
-    w.size = 0
-    w.lock = None
-    w.next = None
-    return w
+    """A Work carrying ``message`` (as the worker builds them from Kafka records)."""
+    return work_of_message(message, part or PartitionState(message.topic, message.partition, None))
 
 
 class Harness:
@@ -35,17 +24,28 @@ class Harness:
 
     def __init__(self, handler: Handler, *, max_in_flight: int = 4, timeout_s: float = 5.0):
         self.scheduler = Scheduler()
+        self.lifecycle = Lifecycle()
         self.abandoned_events: list[int] = []
         pool: Pool
         if is_async_handler(handler):
             assert isinstance(handler, AsyncHandler)
             pool = LoopPool(
-                handler, self.scheduler, max_in_flight, timeout_s, self.abandoned_events.append
+                handler,
+                self.scheduler,
+                self.lifecycle,
+                max_in_flight,
+                timeout_s,
+                self.abandoned_events.append,
             )
         else:
             assert isinstance(handler, SyncHandler)
             pool = ThreadPool(
-                handler, self.scheduler, max_in_flight, timeout_s, self.abandoned_events.append
+                handler,
+                self.scheduler,
+                self.lifecycle,
+                max_in_flight,
+                timeout_s,
+                self.abandoned_events.append,
             )
         self.pool = pool
         self.pending: list[Work] = []

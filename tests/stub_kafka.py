@@ -63,7 +63,14 @@ class StubMessage:
         return self._rec.value if self._rec else None
 
     def headers(self) -> list[tuple[str, bytes | None]] | None:
-        return list(self._rec.headers) if self._rec and self._rec.headers else None
+        if not (self._rec and self._rec.headers):
+            return None
+        out = []
+        for name, value in self._rec.headers:
+            if isinstance(name, bytes):  # as the client: names are decoded as UTF-8, strictly
+                name = name.decode("utf-8")
+            out.append((name, value))
+        return out
 
     def timestamp(self) -> tuple[int, int]:
         return (1, self._rec.timestamp) if self._rec else (0, -1)
@@ -172,7 +179,9 @@ class StubConsumer:
         self.closed = False
         self._pending_revoke: list[TP] = []
         self._pending_lost: list[TP] = []
-        self._joined = False
+        self._pending_assign: list[TP] = []
+        # "stub.manual_assign": join with no partitions; the test assigns with trigger_assign
+        self._joined = bool(conf.get("stub.manual_assign"))
 
     # -- test hooks
     def trigger_revoke(self, tps: list[TP]) -> None:
@@ -181,6 +190,10 @@ class StubConsumer:
 
     def trigger_lost(self, tps: list[TP]) -> None:
         self._pending_lost.extend(tps)
+
+    def trigger_assign(self, tps: list[TP]) -> None:
+        """The next consume() runs the assign callback for ``tps`` (like a rebalance)."""
+        self._pending_assign.extend(tps)
 
     # -- Consumer API
     def list_topics(self, topic: str | None = None, timeout: float = -1) -> _ClusterMeta:
@@ -252,6 +265,10 @@ class StubConsumer:
                     for t in self.topics
                     for i in range(len(self.broker.logs.get(t, [])))
                 ]
+            self.callbacks["on_assign"](self, tps)
+        if self._pending_assign and "on_assign" in self.callbacks:
+            tps = [TopicPartition(t, p) for t, p in self._pending_assign]
+            self._pending_assign = []
             self.callbacks["on_assign"](self, tps)
         if self._pending_revoke:
             tps = [TopicPartition(t, p) for t, p in self._pending_revoke]

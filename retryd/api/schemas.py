@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from retryd.policy.timespec import TIME_PATTERN
 
 TOPIC_PATTERN = r"^[A-Za-z0-9._-]{1,249}$"
-DeadReason = Literal["exhausted", "non_retryable", "malformed"]
+DeadReason = Literal["exhausted", "non_retryable", "malformed", "too_large"]
 MAX_OFFSET = 2**63 - 1
 MAX_PARTITION = 2**31 - 1
 MAX_MS = 2**53

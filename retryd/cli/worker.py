@@ -57,10 +57,10 @@ def worker(
     # this they would keep readiness and `retryd health` failing for the new workers.
     prune_stale(settings.state_dir, settings.heartbeat_stale_s)
     if settings.processes == 1:
-        from retryd.worker.process import run_worker
+        from retryd.hosting.process import run_worker
 
         raise typer.Exit(run_worker(settings, settings.role, until_drained=until_drained))
-    from retryd.worker.supervisor import supervise
+    from retryd.hosting.supervisor import supervise
 
     raise typer.Exit(
         supervise(settings, settings.role, settings.processes, until_drained=until_drained)

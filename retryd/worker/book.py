@@ -51,10 +51,16 @@ class ConsumerLike(Protocol):
 
 
 class PartitionBook:
-    def __init__(self, consumer: ConsumerLike, tier_delays: Mapping[str, int]) -> None:
+    def __init__(
+        self,
+        consumer: ConsumerLike,
+        tier_delays: Mapping[str, int],
+        parts: dict[TP, PartitionState] | None = None,
+    ) -> None:
         self.consumer = consumer
         self.tier_delays = dict(tier_delays)
-        self.parts: dict[TP, PartitionState] = {}
+        # ``parts`` may be shared with a reader built before the consumer (the lag reporter)
+        self.parts: dict[TP, PartitionState] = {} if parts is None else parts
         # two-level index for the hot path: topic -> partition -> state (no tuple per record)
         self.by_topic: dict[str, dict[int, PartitionState]] = {}
         self.backlog_paused = False
@@ -102,7 +108,7 @@ class PartitionBook:
         if after == before:
             return
         st.paused = after
-        if st.revoked:
+        if st.released:
             return
         part = [TopicPartition(st.topic, st.partition)]
         try:

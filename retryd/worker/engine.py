@@ -1,7 +1,8 @@
 """The worker loop: one consumer (main and/or tier topics), one idempotent producer, and a pool
 of handler slots (``max_in_flight`` calls at a time, ordered by ``ordering``).
 
-Each iteration of the poll thread, which never waits on a handler:
+The parts come complete from ``retryd.worker.assembly``; the engine only drives them. Each
+iteration of the poll thread, which never waits on a handler:
 
 1. release tier records that came due, ``consume()`` a batch, and turn it into work
    (``Intake``): runs for the scheduler, tier records into their in-memory tails;
@@ -12,10 +13,18 @@ Each iteration of the poll thread, which never waits on a handler:
 5. store the contiguous settled prefix of every partition (auto-commit ships it), publish the
    iteration's events once, write the heartbeat.
 
-Rebalance: a revoked partition's queued records are dropped (its next owner redoes them), its
-in-flight calls are settled (bounded by the handler timeout), routed copies acknowledged, and
-its offsets committed before it is released; the other partitions keep running. A lost
-partition's results are discarded.
+Rebalance (``_release``), bounded in three steps:
+
+1. the assignment is *closed*: only queued main-topic records below the highest started one
+   still start, so the commit can reach past every record already started (keys complete out
+   of order); at most ``handler_timeout_s``;
+2. nothing more starts; calls already running finish or are timed out (at most
+   ``handler_timeout_s`` + the async cancel grace);
+3. routed copies are acknowledged, the assignment is *released* (every unsettled record is
+   discarded, and a result arriving later is dropped, never routed), and the settled prefix
+   is committed. The other partitions keep running meanwhile.
+
+A lost partition (session timed out) is released at once: its results are discarded.
 """
 
 from __future__ import annotations
@@ -23,34 +32,21 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka import KafkaException, TopicPartition
 
-from retryd.config import Role, Settings
-from retryd.errors import HungHandlersError, KafkaRuntimeError, KafkaSetupError
-from retryd.handlers.base import AsyncHandler, Handler, SyncHandler, is_async_handler
-from retryd.kafka.clients import new_consumer, new_producer
-from retryd.policy.routing import Route, RoutePlanner
-from retryd.runtime.heartbeat import HeartbeatWriter
-from retryd.worker.book import ConsumerLike, PartitionBook
-from retryd.worker.clients import worker_consumer_config, worker_producer_config
-from retryd.worker.events import Events, Sink
+from retryd.errors import HungHandlersError
 from retryd.worker.flow import flow_control
-from retryd.worker.intake import WAITING, Intake
-from retryd.worker.partition import PartitionState, partition_lags
-from retryd.worker.pools import LoopPool, Pool, ThreadPool
-from retryd.worker.router import ProducerLike, Router
-from retryd.worker.scheduler import Scheduler
-from retryd.worker.settle import Settler
+from retryd.worker.loop_pool import ASYNC_CANCEL_GRACE_S
+from retryd.worker.partition import PartitionState
 from retryd.worker.summary import RunSummary
-from retryd.worker.work import Work
+
+if TYPE_CHECKING:
+    from retryd.worker.assembly import WorkerParts
 
 log = logging.getLogger(__name__)
-
-ConsumerFactory = Callable[[dict[str, Any]], ConsumerLike]
-ProducerFactory = Callable[[dict[str, Any]], ProducerLike]
 
 BUSY_POLL_S = 0.005  # consume() timeout while calls are in flight: settle results promptly
 SETTLE_WAIT_S = 0.005
@@ -67,70 +63,31 @@ def _now_ms() -> int:
 class Worker:
     """Consumes the topics of its role and moves failed messages along the retry plan."""
 
-    def __init__(
-        self,
-        settings: Settings,
-        handler: Handler,
-        *,
-        role: Role | None = None,
-        drain_grace_s: float = 1.0,
-        consumer_factory: ConsumerFactory | None = None,
-        producer_factory: ProducerFactory | None = None,
-        sinks: Sequence[Sink] = (),
-    ) -> None:
-        self.settings = settings
-        self.plan = settings.plan
-        self.handler = handler
-        self.role = role or settings.role
-        self.drain_grace_s = drain_grace_s
-        self.topics = topics_for_role(settings, self.role)
-        if not self.topics:
-            raise KafkaSetupError("nothing to consume: set main_topics (RETRYD_MAIN_TOPICS)")
-        self.summary = RunSummary()
-        self.events = Events([self.summary, *sinks])
+    def __init__(self, parts: WorkerParts) -> None:
+        self.parts = parts
+        self.settings = parts.settings
+        self.role = parts.role
+        self.topics = parts.topics
+        self.summary = parts.summary
+        self.events = parts.events
+        self.book = parts.book
+        self.scheduler = parts.scheduler
+        self.lifecycle = parts.lifecycle
+        self.pool = parts.pool
+        self.router = parts.router
+        self.settler = parts.settler
+        self.intake = parts.intake
+        self.faults = parts.faults
+        self._consumer = parts.consumer
+        self._heartbeat = parts.heartbeat
+        self._total_partitions = sum(parts.partition_counts[t] for t in parts.topics)
         self._stop = threading.Event()
-        self._fatal: BaseException | None = None
         self._joined = False
         self._closing = False
         self._idle_since: float | None = None
-        self._total_partitions = 0
-        self._heartbeat: HeartbeatWriter | None = None
         self._beat_at = 0.0
         self._inflight_seen = -1
         self._paused_seen: dict[str, int] | None = None
-        make_consumer: ConsumerFactory = consumer_factory or new_consumer  # type: ignore[assignment]
-        self._make_producer: ProducerFactory = producer_factory or new_producer
-        self._consumer = make_consumer(worker_consumer_config(settings, self.role, self._on_stats))
-        self.book = PartitionBook(self._consumer, self.plan.tier_delays)
-        self.scheduler = Scheduler()
-        self.pool = self._make_pool(handler)
-        self._router: Router | None = None
-        self._settler: Settler | None = None
-        self.intake = Intake(
-            self.book,
-            self.plan,
-            settings.group_id,
-            settings.ordering,
-            settings.max_in_flight,
-            self._route,
-            self._consumer_error,
-        )
-
-    def _make_pool(self, handler: Handler) -> Pool:
-        s = self.settings
-        if is_async_handler(handler):
-            assert isinstance(handler, AsyncHandler)
-            return LoopPool(
-                handler,
-                self.scheduler,
-                s.max_in_flight,
-                s.handler_timeout_s,
-                self.events.abandoned,
-            )
-        assert isinstance(handler, SyncHandler)
-        return ThreadPool(
-            handler, self.scheduler, s.max_in_flight, s.handler_timeout_s, self.events.abandoned
-        )
 
     # ------------------------------------------------------------------ lifecycle
     def stop(self) -> None:
@@ -139,17 +96,7 @@ class Worker:
         self._stop.set()
 
     def run(self, *, until_drained: bool = False) -> RunSummary:
-        self._heartbeat = HeartbeatWriter(
-            self.settings.state_dir, self.role.value, self.settings.group_id
-        )
-        self._heartbeat.beat(0, 0, "starting", force=True)
         try:
-            counts = self._check_topics()
-            self._total_partitions = sum(counts[t] for t in self.topics)
-            producer = self._make_producer(worker_producer_config(self.settings))
-            planner = RoutePlanner(self.plan, self.settings.group_id)
-            settler = self._settler = Settler(planner, self.book, self._set_fatal)
-            self._router = settler.router = Router(producer, counts, settler.acked, settler.failed)
             self._consumer.subscribe(
                 self.topics,
                 on_assign=self._on_assign,
@@ -167,41 +114,20 @@ class Worker:
             self._loop(until_drained)
         finally:
             self._shutdown()
-        if self._fatal is not None:
-            raise self._fatal
+        if self.faults.first is not None:
+            raise self.faults.first
         return self.summary
-
-    def _check_topics(self) -> dict[str, int]:
-        """Fail fast, naming missing topics; returns partition counts for routing."""
-        try:
-            md = self._consumer.list_topics(timeout=10)
-        except KafkaException as exc:
-            raise KafkaRuntimeError(
-                f"cannot reach the cluster at {self.settings.bootstrap_servers}: {exc}"
-            ) from exc
-        needed = [*self.topics, self.plan.failed_topic, *self.plan.tier_topics]
-        missing = sorted({t for t in needed if t not in md.topics or md.topics[t].error})
-        if missing:
-            raise KafkaSetupError(
-                f"missing topics: {', '.join(missing)} (create them with 'retryd topics create')"
-            )
-        return {t: len(md.topics[t].partitions) for t in set(needed)}
-
-    def _set_fatal(self, exc: BaseException) -> None:
-        if self._fatal is None:
-            self._fatal = exc
 
     # ------------------------------------------------------------------ the loop
     def _loop(self, until_drained: bool) -> None:
         consumer, intake = self._consumer, self.intake
         settings = self.settings
         batch_size, poll_s = settings.batch_size, settings.poll_timeout_s
-        scheduler = self.scheduler
+        scheduler, faults = self.scheduler, self.faults
         throttled_since: float | None = None
-        while not self._stop.is_set() and self._fatal is None:
+        while not self._stop.is_set() and not faults:
             started = time.monotonic()
-            now_ms = _now_ms()
-            intake.release_due(now_ms)
+            intake.release_due(_now_ms())
             self._dispatch()
             batch: list[Any] = []
             if scheduler.ready_items >= 2 * batch_size and not self.book.backlog_paused:
@@ -217,19 +143,15 @@ class Worker:
                     self.book.set_backlog_pause(False)
                 batch = consumer.consume(batch_size, self._poll_timeout(poll_s))
                 if batch:
-                    intake.take(batch, _now_ms(), self._stats())
+                    intake.take(batch, _now_ms(), self.settler.stats)
                     self._dispatch()
             self._tick(started)
             if until_drained and self._drained(bool(batch)):
                 log.info("drained: every assigned partition is at its end, nothing in flight")
                 break
 
-    def _stats(self) -> Any:
-        assert self._settler is not None
-        return self._settler.stats
-
     def _poll_timeout(self, poll_s: float) -> float:
-        if self.pool.completions or (self._router is not None and self._router.blocked):
+        if self.pool.completions or self.router.blocked or self.router.reports:
             return 0.0
         timeout = BUSY_POLL_S if self.pool.running() or len(self.scheduler) else poll_s
         due = self.intake.next_due_ms()
@@ -243,31 +165,33 @@ class Worker:
             self.scheduler.submit(works)
         self.pool.wake(len(self.scheduler))
 
-    def _tick(self, started: float) -> None:
-        """Everything after consume(): settle, flow control, store, publish, heartbeat."""
-        router, settler, pool = self._router, self._settler, self.pool
-        assert router is not None and settler is not None
-        router.poll()
+    def _settle_once(self) -> None:
+        settler, pool = self.settler, self.pool
+        settler.poll()
         pool.watchdog()
         settler.settle(pool.completions)
-        router.poll()
-        self._flow_control(router)
+        settler.poll()
+
+    def _tick(self, started: float) -> None:
+        """Everything after consume(): settle, flow control, store, publish, heartbeat."""
+        self._settle_once()
+        s = self.settings
+        flow_control(
+            self.book, s.partition_buffer, s.tier_buffer, s.buffer_bytes, self.router.blocked
+        )
         self.book.store()
         self._flush_stats(started)
         self._publish_gauges()
-        if pool.hung > self.settings.max_abandoned_handlers:
-            self._set_fatal(
+        hung = self.pool.hung
+        if hung > s.max_abandoned_handlers:
+            self.faults.set(
                 HungHandlersError(
-                    f"{pool.hung} handler calls are hung past their timeout "
-                    f"(max_abandoned_handlers={self.settings.max_abandoned_handlers}); "
+                    f"{hung} handler calls are hung past their timeout "
+                    f"(max_abandoned_handlers={s.max_abandoned_handlers}); "
                     "exiting so the process is restarted"
                 )
             )
         self._beat()
-
-    def _flow_control(self, router: Router) -> None:
-        s = self.settings
-        flow_control(self.book, s.partition_buffer, s.tier_buffer, s.buffer_bytes, router.blocked)
 
     def _publish_gauges(self) -> None:
         running = self.pool.running()
@@ -279,81 +203,69 @@ class Worker:
             self._paused_seen = paused
             self.events.paused(paused)
 
-    def _route(self, w: Work, route: Route) -> None:
-        assert self._settler is not None
-        self._settler.route(w, route)
-
-    def _consumer_error(self, raw: Any) -> None:
-        """End-of-partition bookkeeping; anything else is logged (client errors carry no topic)."""
-        err: KafkaError = raw.error()
-        topic, partition, offset = raw.topic(), raw.partition(), raw.offset()
-        if err.code() == KafkaError._PARTITION_EOF and topic is not None:
-            st = self.book.parts.get((topic, partition))
-            if st is not None:
-                st.eof_at = offset
-                if st.position is None:
-                    st.position = offset
-            return
-        if err.fatal():
-            self._set_fatal(KafkaRuntimeError(f"fatal consumer error: {err}"))
-        where = f"{topic}[{partition}]" if topic is not None else "consumer"
-        log.error("%s error: %s", where, err)
-
     # ------------------------------------------------------------------ settling
     def _settle_until(self, done: Callable[[], bool], timeout_s: float) -> bool:
-        """Keep settling results (and writing heartbeats) until ``done()`` or the deadline."""
-        router, settler = self._router, self._settler
+        """Keep settling results (and writing heartbeats) until ``done()`` or the deadline.
+        Runs inside a revoke callback or at shutdown, never in the poll loop."""
         deadline = time.monotonic() + timeout_s
         while True:
-            if router is not None and settler is not None:
-                router.poll()
-                self.pool.watchdog()
-                settler.settle(self.pool.completions)
-                router.poll()
+            self._settle_once()
             if done():
                 return True
             if time.monotonic() >= deadline:
                 return False
             self._beat()
-            time.sleep(SETTLE_WAIT_S)  # a bounded settle wait (revoke, shutdown), not polling
+            time.sleep(SETTLE_WAIT_S)
 
     def _release(self, states: list[PartitionState], *, why: str) -> None:
-        """Give partitions up cleanly: nothing new starts except queued main-topic records
-        below one that already started (so the commit covers every started record), in-flight
-        calls settle (bounded by the handler timeout), routed copies are acknowledged, offsets
-        committed."""
+        """Give partitions up cleanly (see the module docstring for the three steps)."""
+        if not states:
+            return
+        lifecycle = self.lifecycle
+        timeout_s = self.settings.handler_timeout_s
         for st in states:
-            if not st.is_tier:  # a tier's queued records may not be due yet
-                st.run_below = st.started_end()
-            st.revoked = True
-            self.intake.forget(st)
-        grace = self.settings.handler_timeout_s + 1.0
+            lifecycle.close(st, 0 if st.is_tier else st.started_end())
+            self.intake.forget(st)  # not-yet-due tier records: the next owner waits for them
 
-        def settled() -> bool:
-            return self.pool.running(states) == 0 and all(st.gaps_done() for st in states)
+        def gaps_run() -> bool:
+            return all(st.running == 0 and st.gaps_done() for st in states)
 
-        if not self._settle_until(settled, grace):
-            log.warning("%s: calls still running after %.1fs; leaving them", why, grace)
-        self._settle_until(lambda: not self.pool.completions, 1.0)
-        if self._router is not None:
-            remaining = self._router.flush(30)
-            if remaining:
-                log.error(
-                    "%s: %d routed copies undelivered; their inputs stay uncommitted",
-                    why,
-                    remaining,
-                )
+        if not self._settle_until(gaps_run, timeout_s):
+            log.warning(
+                "%s: queued records below started ones did not all run within %gs; "
+                "the next owner redoes them and the records above",
+                why,
+                timeout_s,
+            )
+        for st in states:
+            lifecycle.stop_starting(st)
+        calls_bound = timeout_s + ASYNC_CANCEL_GRACE_S + 1.0
+        if not self._settle_until(lambda: all(st.running == 0 for st in states), calls_bound):
+            log.warning(
+                "%s: %d handler calls still running %gs after the revoke closed their "
+                "partitions; their results will be discarded (the next owner runs them again)",
+                why,
+                sum(st.running for st in states),
+                calls_bound,
+            )
+        remaining = self.router.flush(30)
+        self._settle_once()
+        if remaining:
+            log.error(
+                "%s: %d routed copies undelivered; their inputs stay uncommitted", why, remaining
+            )
+        discarded = sum(lifecycle.release(st) for st in states)
+        if discarded:
+            log.info("%s: %d unfinished records left to the next owner", why, discarded)
         self.book.store(states)
         self.book.commit_sync(states)
 
     def _shutdown(self) -> None:
         try:
-            if self._router is not None and (
-                self._fatal is None or isinstance(self._fatal, HungHandlersError)
-            ):
+            fatal = self.faults.first
+            if fatal is None or isinstance(fatal, HungHandlersError):
                 self._finish_consumed()
-            states = list(self.book.parts.values())
-            self._release(states, why="shutdown")
+            self._release(list(self.book.parts.values()), why="shutdown")
             self._closing = True
             self._consumer.close()
         except (KafkaException, RuntimeError) as exc:
@@ -361,18 +273,15 @@ class Worker:
         finally:
             self.pool.close(1.0)
             self._flush_stats()
-            if self._heartbeat is not None:
-                self._heartbeat.remove()
+            self._heartbeat.remove()
             self.events.paused({})
             self.events.inflight(0)
 
     def _flush_stats(self, started: float | None = None) -> None:
         """Collect the slots' counts and emit what this batch observed. Also called once at
-        shutdown: a slot clears its claim before it records the call, so a call that ended
-        just before the stop may not have reached a batch's collection yet."""
-        settler = self._settler
-        if settler is None:
-            return
+        shutdown: a call that ended just before the stop may not have reached a batch's
+        collection yet."""
+        settler = self.settler
         self.pool.collect(settler.stats)
         stats = settler.take_stats()
         if stats:
@@ -384,11 +293,7 @@ class Worker:
         their due time), so a restart redoes as little as possible."""
 
         def finished() -> bool:
-            for st in self.book.parts.values():
-                for w in st.pending:
-                    if Work.QUEUED <= w.state <= Work.ROUTING:
-                        return False
-            return True
+            return not any(st.unfinished() for st in self.book.parts.values())
 
         if not self._settle_until(finished, self.settings.shutdown_timeout_s):
             log.warning(
@@ -416,7 +321,8 @@ class Worker:
         self.events.rebalance("lost", len(partitions))
         states = self.book.states(partitions)
         for st in states:
-            st.lost = st.revoked = True
+            st.lost = True
+            self.lifecycle.release(st)
             self.intake.forget(st)
         log.warning(
             "lost %s (session timed out); their uncommitted work will be redone", _fmt(partitions)
@@ -425,18 +331,13 @@ class Worker:
         self.events.forget([(st.topic, st.partition) for st in states])
 
     # ------------------------------------------------------------------ observability
-    def _on_stats(self, raw: str) -> None:
-        lags = {tp: lag for tp, lag in partition_lags(raw).items() if tp in self.book.parts}
-        if lags:
-            self.events.lag(lags)
-
     def _beat(self) -> None:
         hb = self._heartbeat
         now = time.monotonic()
-        if hb is None or now - self._beat_at < hb.interval_s:
+        if now - self._beat_at < hb.interval_s:
             return
         self._beat_at = now
-        book, router = self.book, self._router
+        book = self.book
         hb.beat(
             len(book.parts),
             sum(1 for st in book.parts.values() if st.paused),
@@ -448,15 +349,13 @@ class Worker:
                 for st in book.parts.values()
                 if st.position is not None
             },
-            produced={f"{t}/{p}": end for (t, p), end in router.produced_end.items()}
-            if router
-            else {},
+            produced={f"{t}/{p}": end for (t, p), end in self.router.produced_end.items()},
         )
 
     def _idle(self) -> bool:
         """Nothing left to do right now on the partitions this process owns."""
-        router = self._router
-        busy = router is not None and (router.inflight or router.blocked)
+        router = self.router
+        busy = bool(router.inflight or router.blocked or router.reports)
         return self._joined and not busy and self.book.idle()
 
     def _drained(self, busy: bool) -> bool:
@@ -468,20 +367,11 @@ class Worker:
             return False
         if self._idle_since is None:
             self._idle_since = now
-        return now - self._idle_since >= self.drain_grace_s
-
-
-def topics_for_role(settings: Settings, role: Role) -> list[str]:
-    topics: list[str] = []
-    if role in (Role.ALL, Role.MAIN):
-        topics += settings.main_topics
-    if role in (Role.ALL, Role.TIERS):
-        topics += settings.plan.tier_topics
-    return topics
+        return now - self._idle_since >= self.parts.drain_grace_s
 
 
 def _fmt(partitions: list[TopicPartition]) -> str:
     return ", ".join(f"{p.topic}[{p.partition}]" for p in partitions) or "nothing"
 
 
-__all__ = ["WAITING", "Worker", "topics_for_role"]
+__all__ = ["Worker"]

@@ -3,6 +3,11 @@
 Pausing never loses anything (the worker keeps every record it consumed; a pause sets the
 fetch position right after the last delivered one) but it does cost a re-fetch, so each limit
 has hysteresis: pause at the limit, resume at half of it.
+
+Records that wait for their due time in a tier partition's tail are bounded on their own
+(``tier_buffer`` records per partition, ``buffer_bytes`` for all tails together) and pause
+only the tier partitions that hold them: a tier filled by an outage must never stop the main
+topics or other tiers.
 """
 
 from __future__ import annotations
@@ -22,30 +27,39 @@ def flow_control(
 
     - a partition whose unfinished records reach ``partition_buffer`` (a slow key holding back
       the records behind it) pauses;
-    - a tier partition holding ``tier_buffer`` not-yet-due records pauses until half came due;
-    - every partition pauses while buffered value bytes exceed ``buffer_bytes``, and while the
-      producer's queue is full (routed copies backing up).
+    - a tier partition holding ``tier_buffer`` not-yet-due records pauses until half came due,
+      and every tier partition holding any pauses while all tails together hold
+      ``buffer_bytes``;
+    - every partition pauses while the other buffered value bytes exceed ``buffer_bytes``,
+      and while the producer's queue is full (routed copies backing up).
     """
     low = partition_buffer // 2
     tail_low = tier_buffer // 2
-    total = 0
-    for st in book.parts.values():
+    working = 0  # bytes of records being worked on (queued, running, routing)
+    tails = 0  # bytes of records waiting for their due time
+    parts = list(book.parts.values())
+    for st in parts:
         n = len(st.pending)
-        total += st.pending_bytes
+        working += st.pending_bytes - st.tail_bytes
+        tails += st.tail_bytes
         if n >= partition_buffer:
             if not st.paused & PAUSE_BUFFER:
                 book.set_pause(st, PAUSE_BUFFER, True)
         elif st.paused & PAUSE_BUFFER and n <= low:
             book.set_pause(st, PAUSE_BUFFER, False)
-        if st.delay_ms is not None:
-            waiting = len(st.tail)
-            if waiting >= tier_buffer:
-                if not st.paused & PAUSE_TAIL:
-                    book.set_pause(st, PAUSE_TAIL, True)
-            elif st.paused & PAUSE_TAIL and waiting <= tail_low:
-                book.set_pause(st, PAUSE_TAIL, False)
-    if total >= buffer_bytes:
+    tails_full = tails >= buffer_bytes
+    tails_low = tails <= buffer_bytes // 2
+    for st in parts:
+        if st.delay_ms is None:
+            continue
+        waiting = len(st.tail)
+        if waiting >= tier_buffer or (tails_full and waiting):
+            if not st.paused & PAUSE_TAIL:
+                book.set_pause(st, PAUSE_TAIL, True)
+        elif st.paused & PAUSE_TAIL and waiting <= tail_low and tails_low:
+            book.set_pause(st, PAUSE_TAIL, False)
+    if working >= buffer_bytes:
         book.pause_all(PAUSE_MEMORY, True)
-    elif total <= buffer_bytes // 2:
+    elif working <= buffer_bytes // 2:
         book.pause_all(PAUSE_MEMORY, False)
     book.pause_all(PAUSE_PRODUCER, producer_blocked)

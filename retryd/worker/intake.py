@@ -8,38 +8,51 @@ and then either
 - settle it at once: a tier record of another consumer group (skipped, counted), or a tier
   record whose retryd headers are unusable (dead-lettered as malformed).
 
-The due time of a tier record is clamped to ``min(retry_timestamp, record timestamp + tier
-delay)``: a skewed clock or an absurd header cannot freeze a tier partition.
+Nothing a record carries can raise out of here: whatever the client or the header decoder
+raises for one record makes that record malformed (dead-lettered with the reason), never a
+poll-thread exit.
+
+The due time of a tier record is ``min(retry_timestamp, record timestamp + tier delay, first
+seen here + tier delay)``: a skewed routing host (its clock writes both the header and the
+record's CreateTime) or an absurd header can delay a record by at most one tier delay past
+the moment this worker first saw it, never freeze a tier partition.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import Any
 
+from confluent_kafka import KafkaError
+
 from retryd.config import Ordering
-from retryd.errors import HeaderError
+from retryd.errors import HeaderError, KafkaRuntimeError
 from retryd.policy.headers import decode_tier_envelope
-from retryd.policy.routing import Route, route_malformed
+from retryd.policy.routing import route_malformed
 from retryd.policy.sequence import RetryPlan
 from retryd.worker.book import PartitionBook
 from retryd.worker.events import BatchStats
+from retryd.worker.faults import Faults
+from retryd.worker.lifecycle import FAILED, QUEUED, SKIPPED, WAITING
 from retryd.worker.partition import PartitionState
+from retryd.worker.reading import readable_headers
+from retryd.worker.settle import Settler
 from retryd.worker.work import Work, new_work
 
 log = logging.getLogger(__name__)
 
-WAITING = -1  # Work.state of a tier record held until due
 SKIP_OTHER_GROUP = "other_group"
 
 
 def effective_due_ms(
     retry_timestamp: int, record_timestamp: int, delay_ms: int, now_ms: int
 ) -> int:
-    """When a tier record may run: its ``retry_timestamp``, but never later than its own
-    timestamp plus the tier's delay (the consume time stands in for a missing timestamp)."""
-    bound = (record_timestamp if record_timestamp > 0 else now_ms) + delay_ms
+    """When a tier record may run: its ``retry_timestamp``, but never later than one tier
+    delay after its own timestamp, nor than one tier delay after ``now_ms`` (when this worker
+    first saw it: the bound that holds whatever clock wrote the record)."""
+    bound = now_ms + delay_ms
+    if 0 < record_timestamp < now_ms:
+        bound = record_timestamp + delay_ms
     return retry_timestamp if retry_timestamp < bound else bound
 
 
@@ -50,17 +63,15 @@ class Intake:
         plan: RetryPlan,
         group: str,
         ordering: Ordering,
-        max_in_flight: int,
-        route: Callable[[Work, Route], None],
-        on_error: Callable[[Any], None],
+        settler: Settler,
+        faults: Faults,
     ) -> None:
         self.book = book
         self.plan = plan
         self.group = group
         self.ordering = ordering
-        self.max_in_flight = max_in_flight
-        self._route = route
-        self._on_error = on_error
+        self.settler = settler
+        self.faults = faults
         self.waiting: set[PartitionState] = set()  # tier partitions with a non-empty tail
         self._new: list[Work] = []
 
@@ -77,7 +88,7 @@ class Intake:
         stats.records += len(batch)
         for raw in batch:
             if raw.error() is not None:
-                self._on_error(raw)
+                self.consumer_error(raw)
                 continue
             topic = raw.topic()
             partition = raw.partition()
@@ -85,7 +96,7 @@ class Intake:
                 parts = by_topic.get(topic)
                 st = parts.get(partition) if parts is not None else None
                 last_topic, last_partition = topic, partition
-            if st is None or st.revoked:
+            if st is None or st.closing:
                 continue  # no longer ours: its next owner consumes it
             offset = raw.offset()
             position = st.position
@@ -97,61 +108,79 @@ class Intake:
             w.size = size
             st.pending.append(w)
             st.pending_bytes += size
-            if st.delay_ms is None:
-                w.lock = (st, raw.key()) if by_key else (st if by_partition else None)
-                new(w)
-            else:
-                self._tier_record(w, st, raw.key() if by_key else None, now_ms, stats)
+            try:
+                if st.delay_ms is None:
+                    w.lock = (st, raw.key()) if by_key else (st if by_partition else None)
+                    new(w)
+                else:
+                    self._tier_record(w, st, by_key, now_ms, stats)
+            except Exception as exc:  # the record's content; never the poll thread's end
+                self._malformed(w, f"unreadable record: {type(exc).__name__}: {exc}", now_ms)
 
     def _tier_record(
-        self, w: Work, st: PartitionState, key: bytes | None, now_ms: int, stats: BatchStats
+        self, w: Work, st: PartitionState, by_key: bool, now_ms: int, stats: BatchStats
     ) -> None:
-        raw = w._raw
-        headers = raw.headers()
+        raw = w.raw
+        headers, problem = readable_headers(raw)
+        if problem is not None:
+            self._malformed(w, problem, now_ms)
+            return
         try:
             env = decode_tier_envelope(headers)
         except HeaderError as exc:
-            log.warning("malformed retryd headers at %s: %s", w.where, exc)
-            route = route_malformed(
-                self.plan,
-                w.topic,
-                w.partition,
-                w.offset,
-                raw.timestamp()[1],
-                headers,
-                str(exc),
-                now_ms,
-                self.group,
-            )
-            self._route(w, route)
+            self._malformed(w, str(exc), now_ms)
             return
         if env.group is not None and env.group != self.group:
-            w.state = Work.DONE
+            w.stage = SKIPPED
             stats.skipped[SKIP_OTHER_GROUP] += 1
             return
-        w._env = env
+        w.msg._env = env
         assert st.delay_ms is not None and env.retry_timestamp is not None
         w.due = effective_due_ms(env.retry_timestamp, raw.timestamp()[1], st.delay_ms, now_ms)
         if w.due > now_ms or st.tail:
-            w.state = WAITING
+            w.stage = WAITING
             st.tail.append(w)
+            st.tail_bytes += w.size
             self.waiting.add(st)
             return
-        self._queue(w, st, key)
+        self._queue(w, st, raw.key() if by_key else None)
+
+    def _malformed(self, w: Work, problem: str, now_ms: int) -> None:
+        """Dead-letter a record retryd cannot read, keeping whatever of it is readable."""
+        raw = w.raw
+        log.warning("malformed record at %s: %s", w.where, problem)
+        headers, _ = readable_headers(raw)
+        timestamp = _timestamp(raw)
+        args = (self.plan, w.msg.topic, w.msg.partition, w.offset, timestamp)
+        try:
+            route = route_malformed(*args, headers, problem, now_ms, self.group)
+        except Exception as exc:  # last resort: the dead letter keeps no header of the record
+            log.warning("%s: its headers cannot be copied either (%s)", w.where, exc)
+            route = route_malformed(*args, None, problem, now_ms, self.group)
+        w.lock = None
+        w.stage = FAILED
+        self.settler.route(w, route)
 
     def release_due(self, now_ms: int) -> None:
         """Queue the tier records whose due time has come (heads of the tails)."""
         if not self.waiting:
             return
         emptied = []
+        by_key = self.ordering is Ordering.KEY
         for st in self.waiting:
             tail = st.tail
             while tail and tail[0].due <= now_ms:
                 w = tail.popleft()
-                if st.revoked:
+                st.tail_bytes -= w.size
+                if st.closing:
                     continue
-                w.state = Work.QUEUED
-                self._queue(w, st, w._raw.key())
+                w.stage = QUEUED
+                try:
+                    key = w.raw.key() if by_key else None
+                except Exception as exc:  # pragma: no cover - read once already at intake
+                    self._malformed(w, f"unreadable key: {exc}", now_ms)
+                    continue
+                self._queue(w, st, key)
             if not tail:
                 emptied.append(st)
         for st in emptied:
@@ -168,7 +197,26 @@ class Intake:
 
     def forget(self, st: PartitionState) -> None:
         st.tail.clear()
+        st.tail_bytes = 0
         self.waiting.discard(st)
+
+    # ------------------------------------------------------------------ client events
+    def consumer_error(self, raw: Any) -> None:
+        """End-of-partition bookkeeping; a fatal client error stops the run; anything else is
+        logged (client errors carry no topic)."""
+        err: KafkaError = raw.error()
+        topic, partition, offset = raw.topic(), raw.partition(), raw.offset()
+        if err.code() == KafkaError._PARTITION_EOF and topic is not None:
+            st = self.book.parts.get((topic, partition))
+            if st is not None:
+                st.eof_at = offset
+                if st.position is None:
+                    st.position = offset
+            return
+        if err.fatal():
+            self.faults.set(KafkaRuntimeError(f"fatal consumer error: {err}"))
+        where = f"{topic}[{partition}]" if topic is not None else "consumer"
+        log.error("%s error: %s", where, err)
 
     # ------------------------------------------------------------------ records out
     def _queue(self, w: Work, st: PartitionState, key: bytes | None) -> None:
@@ -187,3 +235,11 @@ class Intake:
         if new:
             self._new = []
         return new
+
+
+def _timestamp(raw: Any) -> int:
+    try:
+        ts = raw.timestamp()[1]
+    except Exception:  # a record we cannot read at all: its consume time stands in
+        return 0
+    return ts if isinstance(ts, int) and ts > 0 else 0

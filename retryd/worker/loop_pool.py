@@ -1,7 +1,15 @@
 """``LoopPool``: ``async def`` handlers and HTTP on ``max_in_flight`` tasks of one event loop.
 
-Each call is cancelled at its timeout. A loop that stops answering (blocking code inside
-``async def``, a task that swallows cancellation) is abandoned as a whole and replaced.
+Each call is cancelled at its timeout. A call still running ``ASYNC_CANCEL_GRACE_S`` after
+that (blocking code inside ``async def``, a task that swallows cancellation) means the loop
+cannot be trusted: it is stopped and abandoned, and a new loop takes over. Of its calls,
+
+- the overdue ones get a ``timeout`` result (routed) and count as *hung* while the abandoned
+  loop's thread is alive;
+- the others did nothing wrong: they are parked until the old loop's thread has ended (so
+  a record never runs on two loops at once) and then run again, or, if that thread is still
+  alive after another ``timeout_s``, get a ``timeout`` result. They never count as hung: one
+  bad call must not make ``max_abandoned_handlers`` stop the worker.
 """
 
 from __future__ import annotations
@@ -10,12 +18,15 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from retryd.handlers.base import AsyncHandler
 from retryd.policy.classify import timeout_result
 from retryd.worker.events import BatchStats, SlotStats
+from retryd.worker.lifecycle import SUCCEEDED, Lifecycle
 from retryd.worker.scheduler import Scheduler
 from retryd.worker.slots import (
     Collector,
@@ -23,7 +34,7 @@ from retryd.worker.slots import (
     adapter_failure,
     hand_back,
     perf,
-    settle_on_slot,
+    record_call,
     timed_out,
 )
 from retryd.worker.work import Work
@@ -35,6 +46,18 @@ log = logging.getLogger(__name__)
 ASYNC_CANCEL_GRACE_S = 1.0
 
 
+@dataclass(slots=True)
+class _Parked:
+    """A call cut off by its loop's abandonment, waiting for that loop's thread to end."""
+
+    loop: _Loop
+    work: Work
+    attempt: int
+    held: list[Work]
+    index: int
+    deadline: float  # monotonic: past this, it gets a timeout result instead
+
+
 class LoopPool:
     """``size`` tasks on one event loop in a daemon thread, each running ready records."""
 
@@ -42,19 +65,22 @@ class LoopPool:
         self,
         handler: AsyncHandler,
         scheduler: Scheduler,
+        lifecycle: Lifecycle,
         size: int,
         timeout_s: float,
         on_abandoned: Callable[[int], None] | None = None,
     ) -> None:
         self.handler = handler
         self.scheduler = scheduler
+        self.lifecycle = lifecycle
         self.size = size
         self.timeout_s = timeout_s
         self.completions: deque[Work] = deque()
         self._on_abandoned = on_abandoned
         self._abandoned = 0
         self._loop: _Loop | None = None
-        self._stuck: list[tuple[_Loop, int]] = []  # abandoned loops and their hung calls
+        self._stuck: list[tuple[_Loop, int]] = []  # abandoned loops and their overdue calls
+        self._parked: list[_Parked] = []
         self._retired: list[Slot] = []
         self._own = SlotStats()
         self._collector = Collector()
@@ -72,6 +98,8 @@ class LoopPool:
             self._current().wake(ready)
 
     def watchdog(self) -> None:
+        if self._parked:
+            self._unpark()
         loop = self._loop
         if loop is None:
             return
@@ -80,24 +108,59 @@ class LoopPool:
             return
         # The loop did not act on a cancellation in time: it is stuck. Give up on all of it.
         self._loop = None
-        stuck = loop.abandon()
-        self._abandoned += len(stuck)
-        self._stuck.append((loop, len(stuck)))
+        running = loop.abandon(self.lifecycle)
+        overdue = [r for r in running if r[4] <= limit]
+        self._abandoned += len(overdue)
+        self._stuck.append((loop, len(overdue)))
         self._retired.extend(loop.slots)
         log.warning(
             "async handler still running %gs after its timeout was cancelled; abandoning its "
-            "event loop with %d calls (%d abandoned)",
+            "event loop (%d overdue calls, %d others to run again; %d abandoned in all)",
             ASYNC_CANCEL_GRACE_S,
-            len(stuck),
+            len(overdue),
+            len(running) - len(overdue),
             self._abandoned,
         )
-        for work, held, index in stuck:
-            timed_out(work, self.timeout_s, self._own, self.completions)
-            hand_back(self.scheduler, held, index)
+        deadline = time.monotonic() + self.timeout_s
+        for work, attempt, held, index, started in running:
+            if started <= limit:
+                if timed_out(
+                    self.lifecycle, work, attempt, self.timeout_s, self._own, self.completions
+                ):
+                    log.warning("%s: async call ignored its cancellation", work.where)
+                hand_back(self.scheduler, held, index)
+            else:
+                self._parked.append(_Parked(loop, work, attempt, held, index, deadline))
+        if self._parked:
+            self._unpark()
         if len(self.scheduler):
             self.wake(len(self.scheduler))
         if self._on_abandoned is not None:
             self._on_abandoned(self._abandoned)
+
+    def _unpark(self) -> None:
+        """Run parked calls again once their old loop's thread is gone; time out the ones
+        whose thread outlives the deadline."""
+        now = time.monotonic()
+        keep = []
+        back: list[Work] = []
+        for p in self._parked:
+            if not p.loop.thread.is_alive():
+                if self.lifecycle.requeue(p.work, p.attempt):
+                    back.append(p.work)  # its key stays busy: order holds
+                else:
+                    hand_back(self.scheduler, p.held, p.index)
+            elif now >= p.deadline:
+                timed_out(
+                    self.lifecycle, p.work, p.attempt, self.timeout_s, self._own, self.completions
+                )
+                hand_back(self.scheduler, p.held, p.index)
+            else:
+                keep.append(p)
+        self._parked = keep
+        if back:
+            self.scheduler.requeue(back)
+            self.wake(len(self.scheduler))
 
     def collect(self, stats: BatchStats) -> None:
         collector = self._collector
@@ -112,16 +175,11 @@ class LoopPool:
                 collector.forget(slot.stats)
             self._retired.clear()
 
-    def running(self, parts: Iterable[object] | None = None) -> int:
+    def running(self) -> int:
         loop = self._loop
         if loop is None:
-            return 0
-        wanted = None if parts is None else set(map(id, parts))
-        return sum(
-            1
-            for s in loop.slots
-            if s.work is not None and (wanted is None or id(s.work.part) in wanted)
-        )
+            return len(self._parked)
+        return sum(1 for s in loop.slots if s.work is not None) + len(self._parked)
 
     @property
     def abandoned(self) -> int:
@@ -195,6 +253,10 @@ class _Loop:
         timeout_s = pool.timeout_s
         done = pool.completions.append
         scheduler = pool.scheduler
+        lifecycle = pool.lifecycle
+        claim = lifecycle.claim
+        finish = lifecycle.finish
+        before_claim = lifecycle.hooks.before_claim
         take = scheduler.take
         handoff = scheduler.handoff
         stats = slot.stats
@@ -212,49 +274,50 @@ class _Loop:
             while w is not None:
                 slot.held = [w]
                 slot.index = 0
-                started = perf()
-                slot.started = started
-                slot.work = w  # claim, then check (see ThreadPool._serve)
-                part = w.part
-                if part.revoked and w.offset >= part.run_below:
-                    slot.work = None
+                before_claim()
+                attempt = claim(w, slot)
+                if not attempt:
+                    if slot.abandoned:  # taken from the scheduler on a loop given up on
+                        scheduler.requeue([w])
+                        return
+                    w = handoff(w)  # closed by a revoke: its next owner runs it
+                    continue
+                try:
+                    async with asyncio.timeout(timeout_s):
+                        result = await acall(w.msg)
+                except TimeoutError:
+                    result = timeout_result(timeout_s)
+                except asyncio.CancelledError:
+                    if self.abandoned or self.loop.is_closed():
+                        return
+                    result = timeout_result(timeout_s)
+                except BaseException as exc:  # adapters never raise; if one does, retry
+                    result = adapter_failure(exc)
+                seconds = perf() - slot.started
+                stage = finish(w, attempt, result, slot)
+                if stage is None:
+                    if slot.abandoned:
+                        return  # the pool owns the record now
                 else:
-                    w.state = 1  # RUNNING
-                    try:
-                        async with asyncio.timeout(timeout_s):
-                            result = await acall(w)
-                    except TimeoutError:
-                        result = timeout_result(timeout_s)
-                    except asyncio.CancelledError:
-                        if self.abandoned or self.loop.is_closed():
-                            return
-                        result = timeout_result(timeout_s)
-                    except BaseException as exc:  # adapters never raise; if one does, retry
-                        result = adapter_failure(exc)
-                    seconds = perf() - started
-                    with slot.lock:
-                        if self.abandoned:
-                            return  # the pool already gave this call a timeout result
-                        slot.work = None
-                    if not settle_on_slot(w, result, seconds, stats):
-                        w.result = result
+                    record_call(w, stage, result, seconds, stats)
+                    if stage is not SUCCEEDED:
                         w.seconds = seconds
-                        w.state = 2  # FINISHED: the poll thread routes it
-                        done(w)
+                        done(w)  # FAILED: the poll thread routes it
                 w = handoff(w)
 
-    def abandon(self) -> list[tuple[Work, list[Work], int]]:
-        """Give up on this loop: the calls it is running, each with the records its slot held
-        and the position of the hung one."""
+    def abandon(self, lifecycle: Lifecycle) -> list[tuple[Work, int, list[Work], int, float]]:
+        """Give up on this loop: from now on its slots claim nothing. Returns the calls it is
+        running: (record, attempt, records its slot held, position of the running one, start)."""
         self.abandoned = True  # a slot finishing from now on returns without completing
-        stuck = []
-        for slot in self.slots:
-            with slot.lock:
+        running = []
+        with lifecycle.lock:
+            for slot in self.slots:
+                slot.abandoned = True
                 if slot.work is not None:
-                    stuck.append((slot.work, slot.held, slot.index))
+                    running.append((slot.work, slot.attempt, slot.held, slot.index, slot.started))
         with contextlib.suppress(RuntimeError):
             self.loop.call_soon_threadsafe(self.loop.stop)
-        return stuck
+        return running
 
     def stop(self, handler: AsyncHandler, timeout_s: float) -> None:
         self.abandoned = True

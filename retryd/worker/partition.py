@@ -1,35 +1,49 @@
-"""What the worker knows about one assigned partition."""
+"""What the worker knows about one assignment of a partition."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections import deque
 from typing import TYPE_CHECKING
+
+from retryd.worker.lifecycle import QUEUED, RUNNING, SETTLED, UNFINISHED, WAITING
 
 if TYPE_CHECKING:
     from retryd.worker.work import Work
 
 # Why a partition is paused (a bit mask: it stays paused while any reason holds).
 PAUSE_BUFFER = 1  # its consumed-but-unfinished records reached ``partition_buffer``
-PAUSE_MEMORY = 2  # the process's buffered bytes reached ``buffer_bytes``
+PAUSE_MEMORY = (
+    2  # the process's buffered bytes (not-yet-due tier records apart) reached ``buffer_bytes``
+)
 PAUSE_PRODUCER = 4  # the producer's local queue is full: routed copies are backing up
-PAUSE_TAIL = 8  # a tier partition holds ``tier_buffer`` records that are not yet due
+PAUSE_TAIL = 8  # a tier partition holds ``tier_buffer`` records (or its share of bytes) not yet due
 PAUSE_BACKLOG = 16  # the pool has been behind for a while: consume() serves the group only
+
+_epochs = itertools.count(1)
 
 
 class PartitionState:
-    """Consumed records of one partition, in offset order, until their offset can be stored.
+    """One assignment of one partition: its consumed records, in offset order, until their
+    offsets can be stored.
 
     ``pending`` holds every consumed record that is not yet settled (queued, running, routing,
-    or waiting for its due time); its done head is popped to advance the stored offset, so the
-    stored offset never passes an unfinished record. ``tail`` (tier partitions) holds the
-    consumed records that are not yet due, in offset order: due times grow along a tier
-    partition, so only its head needs watching.
+    or waiting for its due time); its settled head is popped to advance the stored offset, so
+    the stored offset never passes an unfinished record. ``tail`` (tier partitions) holds the
+    consumed records that are not yet due, in offset order.
+
+    Each assignment has its own ``epoch``: a partition revoked and assigned again is a new
+    ``PartitionState``, and nothing of the old one (a late result, a late acknowledgement) can
+    reach the new one. ``closing``/``run_below``/``released`` are written under the
+    ``Lifecycle`` lock only.
     """
 
     __slots__ = (
+        "closing",
         "delay_ms",
         "eof_at",
+        "epoch",
         "known_end",
         "lost",
         "partition",
@@ -37,37 +51,54 @@ class PartitionState:
         "pending",
         "pending_bytes",
         "position",
-        "revoked",
+        "released",
         "run_below",
+        "running",
         "stored",
         "tail",
+        "tail_bytes",
         "topic",
     )
 
     def __init__(self, topic: str, partition: int, delay_ms: int | None) -> None:
         self.topic = topic
         self.partition = partition
+        self.epoch = next(_epochs)
         self.delay_ms = delay_ms  # tier delay; None on a main topic
         self.pending: deque[Work] = deque()
         self.pending_bytes = 0
         self.tail: deque[Work] = deque()
+        self.tail_bytes = 0
         self.paused = 0  # PAUSE_* mask
         self.position: int | None = None  # next offset to consume
         self.eof_at: int | None = None  # high watermark from the last end-of-partition event
         self.known_end = 0  # one past the highest offset we know exists (our own deliveries)
         self.stored: int | None = None  # last offset handed to store_offsets
-        self.revoked = False  # given up: run nothing more of it (but see run_below)
-        # Set with ``revoked``: queued records below this offset still run, so the committed
-        # offset reaches past every record already started (keys complete out of order).
+        self.running = 0  # handler calls of this assignment in progress
+        # A revoke *closes* the assignment: only queued records below ``run_below`` still start
+        # (so the commit covers every record already started: keys complete out of order).
+        self.closing = False
         self.run_below = 0
-        self.lost = False  # taken away without a revoke: discard its results
+        self.released = False  # over: its unsettled records are discarded
+        self.lost = False  # taken away without a revoke (no commit possible)
+
+    def __repr__(self) -> str:
+        return f"{self.topic}[{self.partition}]#{self.epoch}"
+
+    @property
+    def where(self) -> str:
+        return f"{self.topic}[{self.partition}]"
+
+    def may_start(self, offset: int) -> bool:
+        """May a queued record at ``offset`` start now? (Called under the Lifecycle lock.)"""
+        return not self.closing or offset < self.run_below
 
     def started_end(self) -> int:
         """One past the highest offset whose call started (0 if none): the records below it
         that are still queued must run before a revoke commits, or the next owner redoes
         every started record above them."""
         for w in reversed(self.pending):
-            if w.state != 0:  # not Work.QUEUED
+            if w.stage is not QUEUED and w.stage is not WAITING:
                 return w.offset + 1
         return 0
 
@@ -76,7 +107,7 @@ class PartitionState:
         for w in self.pending:
             if w.offset >= self.run_below:
                 return True
-            if w.state <= 1:  # Work.QUEUED or RUNNING
+            if w.stage is QUEUED or w.stage is RUNNING:
                 return False
         return True
 
@@ -88,7 +119,8 @@ class PartitionState:
         """Pop the settled head; the offset to store if it moved (everything below is done)."""
         pending = self.pending
         nxt = None
-        while pending and pending[0].state == 4:  # Work.DONE
+        settled = SETTLED
+        while pending and pending[0].stage in settled:
             w = pending.popleft()
             self.pending_bytes -= w.size
             nxt = w.offset + 1
@@ -98,6 +130,12 @@ class PartitionState:
             return None
         self.stored = nxt
         return nxt
+
+    def unfinished(self) -> bool:
+        """Anything consumed and not yet settled, not counting records waiting for their due
+        time."""
+        unfinished = UNFINISHED
+        return any(w.stage in unfinished for w in self.pending)
 
     def drained(self) -> bool:
         """At the end of the partition as far as we know, with nothing in progress."""

@@ -3,9 +3,9 @@
 - ``ThreadPool`` (``thread_pool``) for sync Python callables;
 - ``LoopPool`` (``loop_pool``) for ``async def`` callables and HTTP.
 
-Both take ready records from the ``Scheduler``, settle successes on the slot (monotonic
-per-slot counters read as deltas by ``collect``) and hand failures back through
-``completions``. ``slots`` holds what they share.
+Both take ready records from the ``Scheduler``, make every transition of a record through the
+``Lifecycle``, count calls in monotonic per-slot counters (read as deltas by ``collect``) and
+hand failures to the poll thread through ``completions``. ``slots`` holds what they share.
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
 """The producer side of the worker: routed copies out, acknowledgements back.
 
-acks=all and idempotence are fixed in ``retryd.kafka.clients``. The worker marks an input done
-only from ``on_acked``, so a copy the broker did not acknowledge never loses its input.
+acks=all and idempotence are fixed in ``retryd.kafka.clients``. Every delivery report (or a
+copy refused locally) becomes a ``Report`` in ``reports``, which the settler reads on the poll
+thread: the worker marks an input done only from an acknowledgement, so a copy the broker did
+not acknowledge never loses its input. No callbacks are wired back into the settler.
 
 Back-pressure: when librdkafka's local queue is full (``BufferError``), the copy waits in a
 bounded backlog and ``blocked`` tells the worker to pause its partitions and keep polling: the
@@ -13,15 +15,22 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from confluent_kafka import KafkaError, KafkaException
 
 from retryd.policy.routing import Route
 
-Acked = Callable[[Any, Route, int, int], None]  # (context, route, partition, offset of the copy)
-Failed = Callable[[Any, Route, KafkaError], None]
+
+class Report(NamedTuple):
+    """What became of one routed copy: acknowledged at (partition, offset), or ``error``."""
+
+    context: Any
+    route: Route
+    error: KafkaError | None
+    partition: int
+    offset: int
+
 
 PARTITION_UNASSIGNED = -1  # librdkafka's RD_KAFKA_PARTITION_UA: the partitioner decides
 
@@ -37,21 +46,14 @@ class ProducerLike(Protocol):
 
 
 class Router:
-    """Sends routed copies and reports each acknowledgement (or failure) to ``on_acked``
-    (``on_failed``) with the context given to ``send``: one small closure per copy, no
-    keyword dictionaries, so the per-failure cost is the client's ``produce`` itself."""
+    """Sends routed copies and reports each acknowledgement (or failure) in ``reports`` with
+    the context given to ``send``: one small closure per copy, no keyword dictionaries, so the
+    per-failure cost is the client's ``produce`` itself."""
 
-    def __init__(
-        self,
-        producer: ProducerLike,
-        partition_counts: dict[str, int],
-        on_acked: Acked,
-        on_failed: Failed,
-    ) -> None:
+    def __init__(self, producer: ProducerLike, partition_counts: dict[str, int]) -> None:
         self._producer = producer
         self.partition_counts = partition_counts
-        self._on_acked = on_acked
-        self._on_failed = on_failed
+        self.reports: deque[Report] = deque()
         self.inflight = 0  # produced, not yet acknowledged or failed
         self.produced_end: dict[tuple[str, int], int] = {}  # acknowledged copies, per partition
         self._backlog: deque[tuple[Route, bytes | None, bytes | None, int, Any]] = deque()
@@ -87,17 +89,19 @@ class Router:
     ) -> bool:
         """Hand one copy to librdkafka; False when its queue is full (try again later)."""
 
+        reports = self.reports
+
         def delivered(err: KafkaError | None, out: Any) -> None:
             self.inflight -= 1
             if err is not None:
-                self._on_failed(context, route, err)
+                reports.append(Report(context, route, err, -1, -1))
                 return
             partition, offset = out.partition(), out.offset()
             end = self.produced_end
             k = (route.topic, partition)
             if offset + 1 > end.get(k, 0):
                 end[k] = offset + 1
-            self._on_acked(context, route, partition, offset)
+            reports.append(Report(context, route, None, partition, offset))
 
         try:
             # Positional, like the client's C signature: (topic, value, key, partition, callback,
@@ -116,7 +120,7 @@ class Router:
             return False
         except KafkaException as exc:  # refused locally, e.g. larger than message.max.bytes
             err = exc.args[0] if exc.args else KafkaError(KafkaError._FAIL)
-            self._on_failed(context, route, err)
+            self.reports.append(Report(context, route, err, -1, -1))
             return True
         self.inflight += 1
         return True

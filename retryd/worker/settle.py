@@ -1,8 +1,13 @@
 """Phase 3 of every poll: finished handler calls become settled records.
 
-Success and DROP settle at once; RETRY and DEAD route a copy (to the next tier or
-``failed_topic``) and settle when the broker acknowledges it (acks=all). A record of a *lost*
-partition is discarded: its next owner redoes it from the committed offset.
+Success and DROP settle on their slot; RETRY and DEAD (and timeouts) route a copy (to the next
+tier or ``failed_topic``) and settle when the broker acknowledges it (acks=all). The settler
+owns the router's side of a record's life: FAILED → ROUTING → ACKED through the
+``Lifecycle``, so a record whose assignment was released is never routed, and a late
+acknowledgement of one changes nothing.
+
+A copy the broker refuses as too large is replaced by a dead letter without the payload
+(``too_large``); any other refusal stops the run with the input uncommitted.
 """
 
 from __future__ import annotations
@@ -10,22 +15,23 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
 
 from confluent_kafka import KafkaError
 
 from retryd.errors import DeliveryError
-from retryd.policy.classify import Outcome
-from retryd.policy.routing import Route, RoutePlanner
+from retryd.policy.oversize import DEAD_TOO_LARGE, route_too_large
+from retryd.policy.routing import Route, RoutePlanner, route_malformed
 from retryd.worker.book import PartitionBook
 from retryd.worker.events import BatchStats
+from retryd.worker.faults import Faults
+from retryd.worker.lifecycle import FAILED, Lifecycle
+from retryd.worker.reading import readable_headers
 from retryd.worker.router import Router
 from retryd.worker.work import Work
 
 log = logging.getLogger(__name__)
 
-_SUCCESS = Outcome.SUCCESS
-_DROP = Outcome.DROP
+TOO_LARGE_CODES = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE})
 
 
 class Settler:
@@ -33,12 +39,15 @@ class Settler:
         self,
         planner: RoutePlanner,
         book: PartitionBook,
-        on_fatal: Callable[[BaseException], None],
+        router: Router,
+        lifecycle: Lifecycle,
+        faults: Faults,
     ) -> None:
         self.planner = planner
-        self.router: Router  # set by the worker once the producer exists
         self.book = book
-        self._on_fatal = on_fatal
+        self.router = router
+        self.lifecycle = lifecycle
+        self.faults = faults
         self.stats = BatchStats()
 
     def settle(self, completions: deque[Work]) -> int:
@@ -52,73 +61,117 @@ class Settler:
         while completions:
             w = popleft()
             n += 1
-            if w.part.lost:
-                continue
-            result = w.result
-            assert result is not None
-            if result.outcome is _SUCCESS or result.outcome is _DROP:  # never queued here
-                w.state = Work.DONE
-                continue
-            env = w._env
-            if env is None:  # first failure, on a main topic: the record is its own origin
-                raw = w._raw
-                route = self.planner.route(
-                    w.topic,
-                    w.partition,
-                    w.offset,
-                    raw.timestamp()[1] if raw is not None else w.timestamp,
-                    0,
-                    None,
-                    raw.headers() if raw is not None else w.headers,
-                    result,
-                    now_ms,
-                )
-            else:
-                route = self.planner.failure(env, w.headers, result, now_ms)
-            if route.is_dead:
-                log.info(
-                    "%s dead-lettered (%s): %s", w.where, route.dead_reason, result.error_class
-                )
-            self.route(w, route)
+            if w.stage is not FAILED:
+                continue  # discarded: its assignment was released
+            self.route(w, self._plan(w, now_ms))
         return n
 
-    def route(self, w: Work, route: Route) -> None:
-        """Send ``w``'s routed copy; ``w`` settles on the acknowledgement (``acked``)."""
-        w.state = Work.ROUTING
-        raw = w._raw
+    def _plan(self, w: Work, now_ms: int) -> Route:
+        result = w.result
+        assert result is not None
+        raw = w.raw
         if raw is not None:
-            self.router.send(route, raw.key(), raw.value(), w.partition, w)
+            headers, problem = readable_headers(raw)
+            if problem is not None:
+                return route_malformed(
+                    self.planner.plan,
+                    w.msg.topic,
+                    w.msg.partition,
+                    w.offset,
+                    0,
+                    None,
+                    problem,
+                    now_ms,
+                    self.planner.group,
+                )
         else:
-            self.router.send(route, w.key, w.value, w.partition, w)
+            headers = w.msg.headers
+        env = w.env
+        if env is None:  # first failure, on a main topic: the record is its own origin
+            route = self.planner.route(
+                w.msg.topic,
+                w.msg.partition,
+                w.offset,
+                w.msg.timestamp,
+                0,
+                None,
+                headers,
+                result,
+                now_ms,
+            )
+        else:
+            route = self.planner.failure(env, headers, result, now_ms)
+        if route.is_dead:
+            log.info("%s dead-lettered (%s): %s", w.where, route.dead_reason, result.error_class)
+        return route
 
-    def acked(self, w: Work, route: Route, partition: int, offset: int) -> None:
+    def route(self, w: Work, route: Route) -> None:
+        """Send ``w``'s routed copy; ``w`` settles on the acknowledgement. ``w`` is FAILED."""
+        if not self.lifecycle.route(w):
+            return
+        msg = w.msg
+        self.router.send(route, msg.key, msg.value, msg.partition, w)
+
+    def poll(self) -> None:
+        """Serve the producer's delivery reports and settle what they say."""
+        router = self.router
+        router.poll()
+        reports = router.reports
+        while reports:
+            report = reports.popleft()
+            w: Work = report.context
+            if report.error is None:
+                self._acked(w, report.route, report.partition, report.offset)
+            else:
+                self._refused(w, report.route, report.error)
+
+    def _acked(self, w: Work, route: Route, partition: int, offset: int) -> None:
         """The broker acknowledged ``w``'s copy (acks=all): ``w`` is done."""
-        w.state = Work.DONE
-        stats = self.stats  # the current iteration's, not the one at send time
-        reason = route.dead_reason
-        if reason is None:
-            stats.outcomes[(w.topic, "retried")] += 1
-        else:
-            stats.outcomes[(w.topic, "dead")] += 1
-            stats.dead[reason] += 1
         target = self.book.parts.get((route.topic, partition))
         if target is not None and offset + 1 > target.known_end:
             target.known_end = offset + 1
+        if not self.lifecycle.acked(w):
+            return  # discarded while its copy was in flight (a lost assignment)
+        stats = self.stats  # the current iteration's, not the one at send time
+        reason = route.dead_reason
+        if reason is None:
+            stats.outcomes[(w.msg.topic, "retried")] += 1
+        else:
+            stats.outcomes[(w.msg.topic, "dead")] += 1
+            stats.dead[reason] += 1
 
-    def failed(self, w: Work, route: Route, err: KafkaError) -> None:
-        """The copy could not be delivered: stop, leaving ``w``'s offset uncommitted."""
+    def _refused(self, w: Work, route: Route, err: KafkaError) -> None:
+        """The copy could not be delivered. Too large: dead-letter an envelope instead.
+        Anything else: stop, leaving ``w``'s offset uncommitted."""
+        if err.code() in TOO_LARGE_CODES and route.dead_reason != DEAD_TOO_LARGE:
+            size = sum(len(v or b"") + len(k) for k, v in route.headers)
+            size += len(w.msg.value or b"") + len(w.msg.key or b"")
+            log.warning(
+                "%s: routed copy to %s is too large for the broker (%d bytes): dead-lettered "
+                "as %s without its payload",
+                w.where,
+                route.topic,
+                size,
+                DEAD_TOO_LARGE,
+            )
+            smaller = route_too_large(self.planner.plan, route, size, err.str())
+            key = w.msg.key
+            self.router.send(
+                smaller, key if key is None or len(key) <= 1024 else None, None, w.msg.partition, w
+            )
+            return
         hint = ""
-        if err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
+        if err.code() in TOO_LARGE_CODES:
             hint = (
-                " (the copy carries retryd headers on top of the original: raise the producer's"
-                " message.max.bytes and the tier/failed topics' max.message.bytes)"
+                " (even the dead letter without payload is too large: raise the failed"
+                " topic's max.message.bytes)"
             )
         exc = DeliveryError(
             f"routed copy of {w.where} to {route.topic} failed: {err.str()}{hint}; "
             "the input stays uncommitted and is redone after a restart"
         )
         log.error("%s", exc)
-        self._on_fatal(exc)
+        self.faults.set(exc)
 
     def take_stats(self) -> BatchStats:
         """This iteration's observations; a fresh accumulator starts."""

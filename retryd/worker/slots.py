@@ -19,21 +19,22 @@ settled on the slot itself: the record is marked done and counted in the slot's 
 monotonic counters, which the poll thread reads as deltas (``collect``) - no hand-off back per
 record. Failures, which need a routed copy, go to ``completions`` for the poll thread.
 
-A record whose partition was revoked before its call started is skipped (it stays QUEUED):
-the partition's next owner redoes it from the committed offset.
+Every transition of a record (claim, finish, expire, requeue) goes through the ``Lifecycle``:
+a record whose assignment was closed by a revoke is not claimed (its next owner redoes it), a
+slot that was abandoned claims nothing, and a call whose result arrives after the watchdog gave
+up on it changes nothing.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections import deque
-from collections.abc import Iterable
 from typing import Protocol
 
 from retryd.policy.classify import HandlerResult, Outcome, timeout_result
 from retryd.worker.events import BatchStats, SlotStats
+from retryd.worker.lifecycle import SUCCEEDED, Lifecycle
 from retryd.worker.scheduler import Scheduler
 from retryd.worker.work import Work
 
@@ -71,8 +72,8 @@ class Pool(Protocol):
     def collect(self, stats: BatchStats) -> None:
         """Add what the slots settled since the last call to ``stats``."""
 
-    def running(self, parts: Iterable[object] | None = None) -> int:
-        """Calls in flight (of records of ``parts`` only, when given)."""
+    def running(self) -> int:
+        """Calls in flight."""
 
     @property
     def abandoned(self) -> int:
@@ -86,46 +87,38 @@ class Pool(Protocol):
 
 
 class Slot:
-    """One pool thread (or loop task), the records it holds, and the call it is running."""
+    """One pool thread (or loop task), the records it holds, and the call it is running.
 
-    __slots__ = ("abandoned", "held", "index", "lock", "started", "stats", "work")
+    ``abandoned`` is written under the ``Lifecycle`` lock (``Lifecycle.abandon``), so a slot
+    never claims a record after its pool gave up on it."""
+
+    __slots__ = ("abandoned", "attempt", "held", "index", "started", "stats", "work")
 
     def __init__(self) -> None:
-        self.lock = threading.Lock()
         self.abandoned = False
         self.held: list[Work] = []  # records taken; ``index`` is the one running
         self.index = 0
         self.work: Work | None = None
+        self.attempt = 0  # the running call's attempt (see Lifecycle.claim)
         self.started = 0.0  # perf_counter() at call start
         self.stats = SlotStats()
 
 
-def settle_on_slot(w: Work, result: HandlerResult, seconds: float, stats: SlotStats) -> bool:
-    """Record a finished call; True when it settled here (success/drop), False when the poll
-    thread must route it."""
-    topic = w.topic
-    w.result = result
+def record_call(
+    w: Work, stage: object, result: HandlerResult, seconds: float, stats: SlotStats
+) -> None:
+    """Count a finished call in the slot's own counters (``stage`` from ``Lifecycle.finish``)."""
+    topic = w.msg.topic
     durations = stats.durations.get(topic)
     if durations is None:
         durations = stats.duration(topic)
     durations.observe(seconds)
     if w.due:
         stats.late(topic).observe(max(0.0, time.time() - w.due / 1000 - seconds))
-    outcome = result.outcome
-    if outcome is _SUCCESS:
-        success = stats.success
-        success[topic] = success.get(topic, 0) + 1
-        stats.calls += 1  # last: the collector's "nothing new" check reads it
-        w.state = 4  # Work.DONE
-        return True
-    if outcome is _DROP:
-        dropped = stats.dropped
-        dropped[topic] = dropped.get(topic, 0) + 1
-        stats.calls += 1
-        w.state = 4
-        return True
-    stats.calls += 1
-    return False
+    if stage is SUCCEEDED:
+        counts = stats.success if result.outcome is _SUCCESS else stats.dropped
+        counts[topic] = counts.get(topic, 0) + 1
+    stats.calls += 1  # last: the collector's "nothing new" check reads it
 
 
 class Collector:
@@ -160,11 +153,21 @@ def hand_back(scheduler: Scheduler, held: list[Work], index: int) -> None:
         scheduler.requeue(back)
 
 
-def timed_out(work: Work, timeout_s: float, stats: SlotStats, completions: deque[Work]) -> None:
-    """A call abandoned by a watchdog: a timeout result, routed by the poll thread."""
-    stats.duration(work.topic).observe(timeout_s)
+def timed_out(
+    lifecycle: Lifecycle,
+    work: Work,
+    attempt: int,
+    timeout_s: float,
+    stats: SlotStats,
+    completions: deque[Work],
+) -> bool:
+    """A call abandoned by a watchdog: a timeout result, routed by the poll thread. False when
+    the call had ended (or its record was discarded) in the meantime."""
+    result = timeout_result(timeout_s)
+    if not lifecycle.expire(work, attempt, result):
+        return False
+    stats.duration(work.msg.topic).observe(timeout_s)
     stats.calls += 1
-    work.result = timeout_result(timeout_s)
     work.seconds = timeout_s
-    work.state = Work.FINISHED
     completions.append(work)
+    return True

@@ -13,11 +13,12 @@ import contextlib
 import logging
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 from retryd.handlers.base import SyncHandler
 from retryd.policy.classify import HandlerResult
 from retryd.worker.events import BatchStats, SlotStats
+from retryd.worker.lifecycle import SUCCEEDED, Lifecycle
 from retryd.worker.scheduler import Scheduler
 from retryd.worker.slots import (
     CHUNK_BUDGET_S,
@@ -28,7 +29,7 @@ from retryd.worker.slots import (
     adapter_failure,
     hand_back,
     perf,
-    settle_on_slot,
+    record_call,
     timed_out,
 )
 from retryd.worker.work import Work
@@ -41,12 +42,14 @@ class ThreadPool:
         self,
         handler: SyncHandler,
         scheduler: Scheduler,
+        lifecycle: Lifecycle,
         size: int,
         timeout_s: float,
         on_abandoned: Callable[[int], None] | None = None,
     ) -> None:
         self.handler = handler
         self.scheduler = scheduler
+        self.lifecycle = lifecycle
         self.size = size
         self.timeout_s = timeout_s
         self.completions: deque[Work] = deque()
@@ -92,15 +95,16 @@ class ThreadPool:
 
     def watchdog(self) -> None:
         limit = perf() - self.timeout_s
+        lifecycle = self.lifecycle
         for slot in list(self._slots):
             work = slot.work
             if work is None or slot.started > limit:
                 continue
-            with slot.lock:
+            with lifecycle.lock:
                 if slot.work is not work or slot.abandoned:
                     continue  # finished meanwhile
                 slot.abandoned = True
-                held, index = slot.held, slot.index
+                held, index, attempt = slot.held, slot.index, slot.attempt
             self._slots.remove(slot)
             self._retired.append(slot)
             self._abandoned += 1
@@ -112,7 +116,7 @@ class ThreadPool:
                 self.timeout_s,
                 self._abandoned,
             )
-            timed_out(work, self.timeout_s, self._own, self.completions)
+            timed_out(lifecycle, work, attempt, self.timeout_s, self._own, self.completions)
             hand_back(self.scheduler, held, index)
             self.wake(len(self.scheduler))
             if self._on_abandoned is not None:
@@ -129,14 +133,8 @@ class ThreadPool:
                 collector.forget(slot.stats)
             self._retired.clear()
 
-    def running(self, parts: Iterable[object] | None = None) -> int:
-        wanted = None if parts is None else set(map(id, parts))
-        n = 0
-        for slot in self._slots:
-            work = slot.work
-            if work is not None and (wanted is None or id(work.part) in wanted):
-                n += 1
-        return n
+    def running(self) -> int:
+        return sum(1 for slot in self._slots if slot.work is not None)
 
     @property
     def abandoned(self) -> int:
@@ -158,11 +156,13 @@ class ThreadPool:
         call = self.handler.call
         done = self.completions.append
         scheduler = self.scheduler
+        lifecycle = self.lifecycle
+        finish = lifecycle.finish
+        claim = lifecycle.claim
         ready = scheduler.ready
         take = scheduler.take_locked
         release = scheduler.release_locked
         stats = slot.stats
-        lock = slot.lock
         chunk = 1
         average = SLOW_CALL_S  # call time, smoothed; start as if slow
         held: list[Work] = []
@@ -183,42 +183,35 @@ class ThreadPool:
                 for index in range(len(held)):
                     w = held[index]
                     slot.index = index
-                    started = perf()
-                    slot.started = started
-                    # Claim the record, *then* look at its partition: a revoke marks the
-                    # partition and then waits for claimed records, so one of the two sees the
-                    # other and a revoked record never starts after its partition was committed.
-                    slot.work = w
-                    part = w.part
-                    if part.revoked and w.offset >= part.run_below:
-                        slot.work = None
-                        continue
-                    w.state = 1  # RUNNING
+                    # Claim under the lifecycle lock: a revoke closes the partition under the
+                    # same lock, so a record of a closed assignment never starts.
+                    attempt = claim(w, slot)
+                    if not attempt:
+                        continue  # closed by a revoke: its next owner runs it
+                    started = slot.started
                     try:
-                        result = call(w)
+                        result = call(w.msg)
                     except BaseException as exc:  # adapters never raise; if one does, retry
                         result = adapter_failure(exc)
                     seconds = perf() - started
-                    with lock:
-                        if slot.abandoned:
+                    stage = finish(w, attempt, result, slot)
+                    if stage is None:
+                        if slot.abandoned:  # the watchdog gave up on this thread
                             self._late_return(w)
                             return
-                        slot.work = None
-                    # _settle_on_slot, inlined for the common case: a plain success
-                    if result is success and not w.due:
-                        w.result = result
-                        topic = w.topic
+                        # else discarded: its assignment was released while it ran
+                    elif result is success and not w.due:  # the common case, inlined
+                        topic = w.msg.topic
                         durations = stats.durations.get(topic) or stats.duration(topic)
                         durations.observe(seconds)
                         counts = stats.success
                         counts[topic] = counts.get(topic, 0) + 1
                         stats.calls += 1  # last (see Collector.add)
-                        w.state = 4  # Work.DONE
-                    elif not settle_on_slot(w, result, seconds, stats):
-                        w.result = result
-                        w.seconds = seconds
-                        w.state = 2  # FINISHED: the poll thread routes it
-                        done(w)
+                    else:
+                        record_call(w, stage, result, seconds, stats)
+                        if stage is not SUCCEEDED:
+                            w.seconds = seconds
+                            done(w)  # FAILED: the poll thread routes it
                     average += (seconds - average) * 0.2
                 chunk = max(1, min(MAX_CHUNK, int(CHUNK_BUDGET_S / max(average, 1e-7))))
 

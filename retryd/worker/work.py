@@ -1,7 +1,9 @@
-"""One consumed record on its way through the worker.
+"""The engine's bookkeeping of one consumed record (``Work``), apart from the handler's view.
 
-``Work`` *is* the handler's ``Message`` view (a subclass with engine-only slots), so the hot
-path builds one object per record, not a view plus a bookkeeping record.
+The handler receives ``Work.msg``, a ``Message`` reading lazily from the client's record; the
+engine's own state (stage, ordering key, chain link, attempt, result) lives here, where
+business code cannot see or change it. Both objects are built with ``__new__`` and direct slot
+writes: a keyword-heavy constructor would cost more than the rest of the per-record work.
 """
 
 from __future__ import annotations
@@ -11,42 +13,97 @@ from typing import TYPE_CHECKING, Any
 
 from retryd.handlers.base import Message
 from retryd.policy.classify import HandlerResult
+from retryd.worker.lifecycle import QUEUED, Stage
 
 if TYPE_CHECKING:
+    from retryd.policy.headers import Envelope
     from retryd.worker.partition import PartitionState
 
 
-class Work(Message):
-    __slots__ = ("due", "lock", "next", "part", "result", "seconds", "size", "started", "state")
+class Work:
+    __slots__ = (
+        "attempt",
+        "due",
+        "lock",
+        "msg",
+        "next",
+        "offset",
+        "part",
+        "raw",
+        "result",
+        "seconds",
+        "size",
+        "stage",
+    )
 
-    # state values: what happened to this record so far
-    QUEUED = 0  # waiting for its turn (ordering) or a free handler slot
-    RUNNING = 1
-    FINISHED = 2  # result set, not yet settled by the loop
-    ROUTING = 3  # routed copy sent, waiting for the broker's acknowledgement
-    DONE = 4  # settled: its offset may be stored once every lower one is done
-
-    part: PartitionState
+    msg: Message  # what the handler sees
+    raw: Any  # the client's record
+    part: PartitionState  # the assignment it was consumed under
+    offset: int
+    stage: Stage  # owned by ``Lifecycle`` (and the poll thread for intake/settling)
+    attempt: int  # handler calls claimed so far; a stale call's result is ignored
     lock: Hashable | None  # ordering key: records with the same lock never overlap
     next: Work | None  # the record of the same lock queued behind this one
     due: int  # tier records: effective due time (epoch ms); 0 on main topics
     size: int  # value bytes (buffer accounting)
     result: HandlerResult | None
-    started: float  # perf_counter() when the handler call started
     seconds: float  # handler call duration
-    state: int
+
+    @property
+    def topic(self) -> str:
+        return self.msg.topic
+
+    @property
+    def partition(self) -> int:
+        return self.msg.partition
+
+    @property
+    def env(self) -> Envelope | None:
+        env: Envelope | None = self.msg._env
+        return env
+
+    @property
+    def where(self) -> str:
+        """``topic[partition]@offset``, for log lines."""
+        return self.msg.where
+
+    def __repr__(self) -> str:
+        return f"Work({self.where}, {self.stage.value}, attempt={self.attempt})"
 
 
 def new_work(raw: Any, topic: str, partition: int, offset: int, part: PartitionState) -> Work:
-    """A Work over the client's message, built without a keyword-heavy constructor call."""
+    """A Work (and its Message) over the client's record."""
+    m = Message.__new__(Message)
+    m._raw = raw
+    m._env = None
+    m.topic = topic
+    m.partition = partition
+    m.offset = offset
     w = Work.__new__(Work)
-    w._raw = raw
-    w._env = None
-    w.topic = topic
-    w.partition = partition
+    w.msg = m
+    w.raw = raw
     w.offset = offset
     w.part = part
     w.due = 0
-    w.state = 0
+    w.stage = QUEUED
+    w.attempt = 0
     w.next = None
+    w.result = None
+    return w
+
+
+def work_of_message(message: Message, part: PartitionState) -> Work:
+    """A Work carrying an already built ``Message`` (replays, tests)."""
+    w = Work.__new__(Work)
+    w.msg = message
+    w.raw = message._raw
+    w.offset = message.offset
+    w.part = part
+    w.due = 0
+    w.stage = QUEUED
+    w.attempt = 0
+    w.next = None
+    w.result = None
+    w.size = 0
+    w.lock = None
     return w

@@ -17,7 +17,7 @@ import pytest
 from retryd.config import load_settings
 from retryd.handlers.loader import load_handler
 from retryd.policy import headers as h
-from retryd.worker.engine import Worker
+from retryd.worker.assembly import build_worker
 from tests.integration import handlers
 from tests.integration.worker_support import deployment, stop_process
 from tests.support import (
@@ -200,7 +200,7 @@ def test_revoke_with_calls_in_flight_settles_them_before_committing(
         timeout_s=dep.settings.handler_timeout_s,
         max_in_flight=dep.settings.max_in_flight,
     )
-    worker_a = Worker(dep.settings, handler)
+    worker_a = build_worker(dep.settings, handler)
     thread = threading.Thread(target=worker_a.run, daemon=True)
     thread.start()
     log_b = tmp_path / "b.log"
@@ -235,7 +235,7 @@ def test_absurd_retry_timestamp_is_handled_a_tier_delay_after_it_was_written(
     bootstrap: str, tmp_path: Path
 ) -> None:
     dep = deployment(bootstrap, tmp_path, sequence="1s")
-    worker = Worker(dep.settings, load_handler(dep.settings.handler, timeout_s=2.0))
+    worker = build_worker(dep.settings, load_handler(dep.settings.handler, timeout_s=2.0))
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()
     try:
@@ -298,7 +298,9 @@ def test_two_groups_sharing_default_tier_names_each_handle_only_their_own(
                 for i in range(20)
             ],
         )
-    workers = [Worker(s, load_handler(s.handler, timeout_s=2.0), drain_grace_s=1.5) for s in deps]
+    workers = [
+        build_worker(s, load_handler(s.handler, timeout_s=2.0), drain_grace_s=1.5) for s in deps
+    ]
     results: dict[str, Any] = {}
     threads = [
         threading.Thread(

@@ -95,7 +95,7 @@ def test_odd_header_values_never_stop_an_http_worker(
     """A tier record whose ``retryd_original_topic`` is UTF-8 but not ASCII used to crash every
     HTTP-mode worker (UnicodeEncodeError in the HTTP client) on every restart. It is now
     dead-lettered as malformed; odd *user* headers reach the handler intact."""
-    from retryd.worker.process import EXIT_OK
+    from retryd.hosting.process import EXIT_OK
 
     dep = deployment(bootstrap, tmp_path, sequence="1s", handler=business)
     good = [

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from retryd.policy import headers as h
 from tests.integration.worker_support import calls_for, deployment
 from tests.support import produce, read_topic
@@ -110,25 +108,30 @@ def test_slow_batch_goes_back_to_polling_before_max_poll_interval(
     assert summary.total("success") == 24
 
 
-def test_copy_too_large_to_route_stops_the_worker_without_committing_it(
+def test_copy_too_large_to_route_is_dead_lettered_without_payload(
     bootstrap: str, tmp_path: Path
 ) -> None:
+    """The routed copy adds retryd headers; with a 2,000-byte producer limit it no longer
+    fits. It used to stop the worker (exit 3) and a restart ran into the same record forever:
+    now the record ends in failed_topic as ``too_large``, naming its original coordinates."""
     from confluent_kafka import Consumer, TopicPartition
 
-    from retryd.errors import DeliveryError
-
-    # The routed copy adds retryd headers; with a 2,000-byte producer limit it no longer fits.
     dep = deployment(bootstrap, tmp_path, sequence="1s", kafka={"message.max.bytes": "2000"})
     dep.send([{"id": "small", "mode": "ok"}, {"id": "big", "mode": "always", "pad": "x" * 1850}])
 
-    with pytest.raises(DeliveryError, match=r"message\.max\.bytes.*uncommitted"):
-        dep.run()
+    summary = dep.run()
 
     assert [c["retry_number"] for c in calls_for("big")] == [0]
+    assert summary.dead_reasons == {"too_large": 1}
     reader = Consumer({"bootstrap.servers": bootstrap, "group.id": dep.settings.group_id})
     try:
         [committed] = reader.committed([TopicPartition(dep.main, 0)], timeout=10)
     finally:
         reader.close()
-    assert committed.offset == 1, "the small message is committed, the big one is not"
+    assert committed.offset == 2, "both inputs are committed: each ended in one place"
     assert read_topic(bootstrap, dep.tier("1s")) == []
+    [dead] = read_topic(bootstrap, dep.settings.failed_topic)
+    hdrs = dict(dead.headers)
+    assert hdrs[h.DEAD_REASON] == b"too_large"
+    assert hdrs[h.ORIGINAL_TOPIC] == dep.main.encode() and hdrs[h.ORIGINAL_OFFSET] == b"1"
+    assert dead.value is None

@@ -14,7 +14,7 @@ from typing import Any
 
 from retryd.config import Settings, load_settings
 from retryd.handlers.loader import load_handler
-from retryd.worker.engine import Worker
+from retryd.worker.assembly import build_worker
 from retryd.worker.summary import RunSummary
 from tests.integration import handlers
 from tests.support import TEST_SESSION_TIMEOUT_MS, create_topics, produce, unique
@@ -49,7 +49,7 @@ class Deployment:
         handler = load_handler(
             s.handler, timeout_s=s.handler_timeout_s, non_retryable=s.non_retryable
         )
-        return Worker(s, handler, drain_grace_s=kwargs.pop("drain_grace_s", 0.5)).run(
+        return build_worker(s, handler, drain_grace_s=kwargs.pop("drain_grace_s", 0.5)).run(
             until_drained=True
         )
 

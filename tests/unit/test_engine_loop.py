@@ -20,7 +20,9 @@ from retryd.errors import DeliveryError, HungHandlersError
 from retryd.handlers.base import Message
 from retryd.handlers.python_handler import PythonHandler
 from retryd.policy import headers as h
+from retryd.worker.assembly import build_worker
 from retryd.worker.engine import Worker
+from retryd.worker.lifecycle import NO_HOOKS, RaceHooks
 from retryd.worker.summary import RunSummary
 from tests.stub_kafka import StubBroker
 from tests.support import wait_for
@@ -66,6 +68,9 @@ def make_worker(
     *,
     partitions: int = 1,
     sequence: str = "1s",
+    hooks: RaceHooks = NO_HOOKS,
+    consumer_factory: Callable[[dict[str, Any]], Any] | None = None,
+    create_topics: bool = True,
     **overrides: Any,
 ) -> Worker:
     settings = load_settings(
@@ -81,17 +86,19 @@ def make_worker(
         poll_timeout_s=0.05,
         **overrides,
     )
-    broker.create(MAIN, partitions)
-    for tier in settings.plan.tier_topics:
-        broker.create(tier, partitions)
-    broker.create(settings.failed_topic, 1)
+    if create_topics:
+        broker.create(MAIN, partitions)
+        for tier in settings.plan.tier_topics:
+            broker.create(tier, partitions)
+        broker.create(settings.failed_topic, 1)
     handler = PythonHandler(func, timeout_s=settings.handler_timeout_s)
-    return Worker(
+    return build_worker(
         settings,
         handler,
         drain_grace_s=0.1,
-        consumer_factory=broker.consumer,
+        consumer_factory=consumer_factory or broker.consumer,
         producer_factory=broker.producer,
+        hooks=hooks,
     )
 
 
@@ -352,14 +359,7 @@ def test_producer_back_pressure_pauses_instead_of_spinning(
             raise ValueError("route me")
 
     worker = make_worker(broker, tmp_path, fail, sequence="1s", max_in_flight=4)
-    original = broker.producer
-
-    def small_queue(conf: dict[str, Any]) -> Any:
-        p = original(conf)
-        p.queue_limit = 3  # librdkafka's local queue "full" after three copies
-        return p
-
-    worker._make_producer = small_queue  # type: ignore[assignment]
+    broker.producers[0].queue_limit = 3  # librdkafka's local queue "full" after three copies
     send(broker, 60)
     summary = worker.run(until_drained=True)
     producer = broker.producers[0]
@@ -434,16 +434,9 @@ def test_undeliverable_copy_stops_with_delivery_error_input_uncommitted(
             raise ValueError("route me")
 
     worker = make_worker(broker, tmp_path, fail, max_in_flight=1)
-    original = broker.producer
-
-    def failing(conf: dict[str, Any]) -> Any:
-        p = original(conf)
-        p.fail_topics["retry_1s"] = KafkaError.MSG_SIZE_TOO_LARGE
-        return p
-
-    worker._make_producer = failing  # type: ignore[assignment]
+    broker.producers[0].fail_topics["retry_1s"] = KafkaError.TOPIC_AUTHORIZATION_FAILED
     send(broker, 10, keys=1)
-    with pytest.raises(DeliveryError, match=r"orders\[0\]@3.*message\.max\.bytes"):
+    with pytest.raises(DeliveryError, match=r"orders\[0\]@3.*retry_1s"):
         worker.run(until_drained=True)
     assert broker.committed_offset(GROUP, MAIN) == 3
 

@@ -405,38 +405,31 @@ def test_loader_rejects_bad_timeout(timeout: float) -> None:
 
 
 @pytest.mark.parametrize("kind", ["sync", "async"])
-def test_a_slot_claims_a_record_before_it_checks_for_a_revoke(kind: str) -> None:
-    """A revoke marks the partition, then waits until no slot holds one of its records. A
-    slot that checked the mark first and claimed the record after could start it once the
-    partition was committed and handed over (a record handled by two members). At the moment
-    a slot reads the mark, the record must already count as running."""
+def test_a_record_of_a_closed_assignment_never_starts(kind: str) -> None:
+    """A revoke closes the partition under the lifecycle lock, and a slot claims under the
+    same lock: once closed, a queued record of it never starts (its next owner runs it), and
+    a record claimed before the close counts as running for the revoke to wait on."""
     from retryd.worker.partition import PartitionState
 
-    seen_running: list[int] = []
-    harness: Harness | None = None
-
-    class Watched(PartitionState):
-        @property  # type: ignore[override]
-        def revoked(self) -> bool:
-            assert harness is not None
-            seen_running.append(harness.pool.running([self]))
-            return False
-
-        @revoked.setter
-        def revoked(self, value: bool) -> None:
-            pass
+    calls: list[int] = []
 
     def sync_handler(message: Message) -> None:
-        return None
+        calls.append(message.offset)
 
     async def async_handler(message: Message) -> None:
-        return None
+        calls.append(message.offset)
 
     func = sync_handler if kind == "sync" else async_handler
     harness = Harness(PythonHandler(func, timeout_s=5.0))
     try:
-        harness.submit([(None, [work_of(MSG, Watched("orders", 2, None))])])
-        harness.collect(1)
-        assert seen_running and all(n == 1 for n in seen_running), seen_running
+        part = PartitionState("orders", 2, None)
+        harness.lifecycle.close(part, 0)
+        w = work_of(MSG, part)
+        harness.submit([(None, [w])])
+        open_part = PartitionState("orders", 3, None)
+        harness.submit([(None, [work_of(MSG, open_part)])])
+        harness.collect(0)
+        wait_for(lambda: open_part.running == 0 and len(calls) == 1, 5, what="one call")
+        assert w.result is None and w.attempt == 0 and part.running == 0
     finally:
         harness.close()

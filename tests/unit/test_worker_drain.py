@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from retryd.hosting.drain import _caught_up
 from retryd.runtime.heartbeat import Heartbeat
-from retryd.worker.drain import _caught_up
 
 
 def _hb(pid: int, positions: dict[str, int], produced: dict[str, int]) -> Heartbeat:

@@ -9,24 +9,24 @@ from confluent_kafka import TopicPartition
 from hypothesis import given
 from hypothesis import strategies as st
 
+from retryd.handlers.base import Message
 from retryd.policy.routing import Route
 from retryd.worker.book import PartitionBook
 from retryd.worker.events import BatchStats, Buckets, SlotStats
 from retryd.worker.intake import effective_due_ms
+from retryd.worker.lifecycle import RUNNING, SUCCEEDED
 from retryd.worker.partition import PAUSE_BUFFER, PAUSE_PRODUCER, PartitionState
 from retryd.worker.router import Router
 from retryd.worker.scheduler import Scheduler
 from retryd.worker.summary import RunSummary
-from retryd.worker.work import Work
+from retryd.worker.work import Work, work_of_message
 from tests.stub_kafka import StubBroker
 
 
 def _work(offset: int, part: PartitionState | None = None) -> Work:
-    w = Work.__new__(Work)
-    w.offset = offset
-    w.state = Work.QUEUED
+    part = part or PartitionState("t", 0, None)
+    w = work_of_message(Message(topic="t", offset=offset), part)
     w.size = 10
-    w.part = part or PartitionState("t", 0, None)
     return w
 
 
@@ -105,7 +105,7 @@ def test_stored_offset_is_the_contiguous_settled_prefix(order: list[int]) -> Non
     stored: list[int] = []
     settled: set[int] = set()
     for o in order:
-        works[o].state = Work.DONE
+        works[o].stage = SUCCEEDED
         settled.add(o)
         nxt = part.advance()
         if nxt is not None:
@@ -119,18 +119,28 @@ def test_gaps_in_offsets_store_past_them() -> None:
     part = PartitionState("t", 0, None)
     a, b = _work(10, part), _work(15, part)  # 11-14: compacted away or transaction markers
     part.pending.extend([a, b])
-    a.state = Work.DONE
+    a.stage = SUCCEEDED
     assert part.advance() == 11
-    b.state = Work.DONE
+    b.stage = SUCCEEDED
     assert part.advance() == 16
 
 
 # ------------------------------------------------------------------ due-time clamp
 def test_due_time_is_clamped_to_record_time_plus_delay() -> None:
-    assert effective_due_ms(5_000, 4_000, 1_000, 0) == 5_000  # the normal case
-    assert effective_due_ms(10**15, 4_000, 1_000, 0) == 5_000  # absurd header
-    assert effective_due_ms(3_000, 4_000, 1_000, 0) == 3_000  # early is allowed (skewed host)
+    now = 4_500  # when this worker first sees the record
+    assert effective_due_ms(5_000, 4_000, 1_000, now) == 5_000  # the normal case
+    assert effective_due_ms(10**15, 4_000, 1_000, now) == 5_000  # absurd header
+    assert effective_due_ms(3_000, 4_000, 1_000, now) == 3_000  # early is allowed (skewed host)
     assert effective_due_ms(10**15, -1, 1_000, 7_000) == 8_000  # no timestamp: consume time
+
+
+def test_due_time_is_bounded_by_this_workers_clock_whatever_the_routing_host_wrote() -> None:
+    """A routing host a day ahead writes both retry_timestamp and CreateTime a day ahead: the
+    record still comes due one tier delay after this worker first saw it."""
+    day = 86_400_000
+    now = 1_700_000_000_000
+    assert effective_due_ms(now + day + 1_000, now + day, 1_000, now) == now + 1_000
+    assert effective_due_ms(now + 500, now + day, 1_000, now) == now + 500
 
 
 # ------------------------------------------------------------------ router back-pressure
@@ -162,8 +172,7 @@ def _route() -> Route:
 
 def test_router_keeps_copies_in_order_while_the_queue_is_full() -> None:
     producer = _Full(2)
-    acked: list[int] = []
-    router = Router(producer, {"tier": 1}, lambda ctx, r, p, o: acked.append(ctx), print)
+    router = Router(producer, {"tier": 1})
     for i in range(3):
         router.send(_route(), b"%d" % i, b"v", 0, i)
     assert router.blocked and router.backlog == 3 and producer.sent == []
@@ -173,6 +182,7 @@ def test_router_keeps_copies_in_order_while_the_queue_is_full() -> None:
     assert producer.sent == [b"0", b"1", b"2"] and not router.blocked
     for cb in producer.callbacks:
         cb(None, type("Out", (), {"partition": lambda s: 0, "offset": lambda s: 7})())
+    acked = [r.context for r in router.reports if r.error is None]
     assert acked == [0, 1, 2] and router.produced_end == {("tier", 0): 8}
 
 
@@ -258,7 +268,7 @@ def test_collector_takes_a_call_recorded_while_it_was_reading() -> None:
     its duration that way)."""
     from retryd.policy.classify import HandlerResult
     from retryd.worker.events import LATENCY_BUCKETS
-    from retryd.worker.slots import Collector, settle_on_slot
+    from retryd.worker.slots import Collector, record_call
 
     stats = SlotStats()
     collector = Collector()
@@ -270,9 +280,9 @@ def test_collector_takes_a_call_recorded_while_it_was_reading() -> None:
             super().observe(value)
 
     stats.durations["t"] = CollectedMidway(LATENCY_BUCKETS)
-    w = Work.__new__(Work)
-    w.topic, w.due = "t", 0
-    settle_on_slot(w, HandlerResult.success(), 0.002, stats)
+    w = _work(0)
+    w.due = 0
+    record_call(w, SUCCEEDED, HandlerResult.success(), 0.002, stats)
     collector.add(stats, total)  # the run's last collection
     assert total.duration("t").count == 1
     assert total.outcomes[("t", "success")] == 1
@@ -285,10 +295,10 @@ def test_a_revoke_runs_queued_records_below_the_last_started_one() -> None:
     works = [_work(o, part) for o in range(4)]
     part.pending.extend(works)
     assert part.started_end() == 0
-    works[2].state = Work.RUNNING  # offset 2 started while 0 and 1 wait behind busy keys
+    works[2].stage = RUNNING  # offset 2 started while 0 and 1 wait behind busy keys
     part.run_below = part.started_end()
     assert part.run_below == 3
     assert not part.gaps_done()
     for w in works[:3]:
-        w.state = Work.DONE
+        w.stage = SUCCEEDED
     assert part.gaps_done()  # offset 3 (never started) is left to the next owner

@@ -41,7 +41,7 @@ def run_worker(settings: Settings, role: Role, *, until_drained: bool = False) -
     from retryd.handlers.loader import load_handler
     from retryd.metrics.registry import mark_build_info
     from retryd.metrics.sink import PrometheusSink
-    from retryd.worker.engine import Worker
+    from retryd.worker.assembly import build_worker
 
     try:
         handler = load_handler(
@@ -50,7 +50,7 @@ def run_worker(settings: Settings, role: Role, *, until_drained: bool = False) -
             non_retryable=settings.non_retryable,
             max_in_flight=settings.max_in_flight,
         )
-        worker = Worker(
+        worker = build_worker(
             settings, handler, role=role, sinks=[PrometheusSink(settings.plan.tier_topics)]
         )
     except SetupError as exc:

@@ -20,9 +20,9 @@ from multiprocessing.process import BaseProcess
 from types import FrameType
 
 from retryd.config import Role, Settings
+from retryd.hosting.drain import DrainWatch
+from retryd.hosting.process import EXIT_OK, EXIT_SETUP, child_main
 from retryd.runtime.heartbeat import remove_heartbeat
-from retryd.worker.drain import DrainWatch
-from retryd.worker.process import EXIT_OK, EXIT_SETUP, child_main
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ STABLE_S = 60.0  # a child that ran this long resets the backoff
 
 def _total_partitions(settings: Settings, role: Role) -> int:
     from retryd.kafka.clients import admin_config, common_config, new_admin
-    from retryd.worker.engine import topics_for_role
+    from retryd.worker.assembly import topics_for_role
 
     topics = topics_for_role(settings, role)
     md = new_admin(admin_config(common_config(settings), "supervisor")).list_topics(timeout=10)

@@ -1,0 +1,175 @@
+"""Composition of a worker run: every collaborator built once, complete, in one place.
+
+Like parallel-consumer's ``PCModule``: the engine receives finished parts and builds none.
+Nothing is half-built (no ``Optional`` field filled in later), and no callback is wired back
+through the engine: the settler is handed the router, the intake is handed the settler, and
+faults are recorded in one ``Faults`` holder every part gets. Client factories are injected,
+so tests run the same composition on the in-memory stub broker.
+
+Building does I/O: it checks that every topic exists (naming the missing ones) and reads
+their partition counts for routing, so a worker that cannot run fails here, before it joins
+the group.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import KafkaException
+
+from retryd.config import Role, Settings
+from retryd.errors import KafkaRuntimeError, KafkaSetupError
+from retryd.handlers.base import AsyncHandler, Handler, SyncHandler, is_async_handler
+from retryd.kafka.clients import new_consumer, new_producer
+from retryd.policy.routing import RoutePlanner
+from retryd.runtime.heartbeat import HeartbeatWriter
+from retryd.worker.book import ConsumerLike, PartitionBook
+from retryd.worker.clients import worker_consumer_config, worker_producer_config
+from retryd.worker.engine import Worker
+from retryd.worker.events import Events, Sink
+from retryd.worker.faults import Faults
+from retryd.worker.intake import Intake
+from retryd.worker.lag import LagReporter
+from retryd.worker.lifecycle import NO_HOOKS, Lifecycle, RaceHooks
+from retryd.worker.partition import PartitionState
+from retryd.worker.pools import LoopPool, Pool, ThreadPool
+from retryd.worker.router import ProducerLike, Router
+from retryd.worker.scheduler import Scheduler
+from retryd.worker.settle import Settler
+from retryd.worker.summary import RunSummary
+
+ConsumerFactory = Callable[[dict[str, Any]], ConsumerLike]
+ProducerFactory = Callable[[dict[str, Any]], ProducerLike]
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerParts:
+    """Everything one worker run uses, complete."""
+
+    settings: Settings
+    role: Role
+    topics: list[str]
+    partition_counts: dict[str, int]
+    consumer: ConsumerLike
+    book: PartitionBook
+    scheduler: Scheduler
+    lifecycle: Lifecycle
+    pool: Pool
+    router: Router
+    settler: Settler
+    intake: Intake
+    events: Events
+    summary: RunSummary
+    faults: Faults
+    heartbeat: HeartbeatWriter
+    drain_grace_s: float
+
+
+def topics_for_role(settings: Settings, role: Role) -> list[str]:
+    topics: list[str] = []
+    if role in (Role.ALL, Role.MAIN):
+        topics += settings.main_topics
+    if role in (Role.ALL, Role.TIERS):
+        topics += settings.plan.tier_topics
+    return topics
+
+
+def build_worker(
+    settings: Settings,
+    handler: Handler,
+    *,
+    role: Role | None = None,
+    consumer_factory: ConsumerFactory = new_consumer,  # type: ignore[assignment]
+    producer_factory: ProducerFactory = new_producer,
+    sinks: Sequence[Sink] = (),
+    hooks: RaceHooks = NO_HOOKS,
+    drain_grace_s: float = 1.0,
+) -> Worker:
+    """The worker for ``settings`` and ``handler``, with every part built and connected."""
+    role = role or settings.role
+    topics = topics_for_role(settings, role)
+    if not topics:
+        raise KafkaSetupError("nothing to consume: set main_topics (RETRYD_MAIN_TOPICS)")
+    plan = settings.plan
+    summary = RunSummary()
+    events = Events([summary, *sinks])
+    faults = Faults()
+    heartbeat = HeartbeatWriter(settings.state_dir, role.value, settings.group_id)
+    heartbeat.beat(0, 0, "starting", force=True)
+    owned: dict[tuple[str, int], PartitionState] = {}
+    lag = LagReporter(events, owned)
+    consumer = consumer_factory(worker_consumer_config(settings, role, lag.on_stats))
+    counts = _check_topics(consumer, settings, topics)
+    book = PartitionBook(consumer, plan.tier_delays, owned)
+    scheduler = Scheduler()
+    lifecycle = Lifecycle(hooks)
+    pool = _pool(settings, handler, scheduler, lifecycle, events)
+    router = Router(producer_factory(worker_producer_config(settings)), counts)
+    planner = RoutePlanner(plan, settings.group_id)
+    settler = Settler(planner, book, router, lifecycle, faults)
+    intake = Intake(book, plan, settings.group_id, settings.ordering, settler, faults)
+    return Worker(
+        WorkerParts(
+            settings=settings,
+            role=role,
+            topics=topics,
+            partition_counts=counts,
+            consumer=consumer,
+            book=book,
+            scheduler=scheduler,
+            lifecycle=lifecycle,
+            pool=pool,
+            router=router,
+            settler=settler,
+            intake=intake,
+            events=events,
+            summary=summary,
+            faults=faults,
+            heartbeat=heartbeat,
+            drain_grace_s=drain_grace_s,
+        )
+    )
+
+
+def _pool(
+    settings: Settings, handler: Handler, scheduler: Scheduler, lifecycle: Lifecycle, events: Events
+) -> Pool:
+    if is_async_handler(handler):
+        assert isinstance(handler, AsyncHandler)
+        return LoopPool(
+            handler,
+            scheduler,
+            lifecycle,
+            settings.max_in_flight,
+            settings.handler_timeout_s,
+            events.abandoned,
+        )
+    assert isinstance(handler, SyncHandler)
+    return ThreadPool(
+        handler,
+        scheduler,
+        lifecycle,
+        settings.max_in_flight,
+        settings.handler_timeout_s,
+        events.abandoned,
+    )
+
+
+def _check_topics(consumer: ConsumerLike, settings: Settings, topics: list[str]) -> dict[str, int]:
+    """Fail fast, naming missing topics; returns partition counts for routing."""
+    plan = settings.plan
+    try:
+        md = consumer.list_topics(timeout=10)
+    except KafkaException as exc:
+        raise KafkaRuntimeError(
+            f"cannot reach the cluster at {settings.bootstrap_servers}: {exc}"
+        ) from exc
+    needed = [*topics, plan.failed_topic, *plan.tier_topics]
+    missing = sorted({t for t in needed if t not in md.topics or md.topics[t].error})
+    if missing:
+        raise KafkaSetupError(
+            f"missing topics: {', '.join(missing)} (create them with 'retryd topics create')"
+        )
+    return {t: len(md.topics[t].partitions) for t in set(needed)}
