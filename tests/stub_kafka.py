@@ -109,6 +109,8 @@ class StubBroker:
         self.lock = threading.Condition()
         self.logs: dict[str, list[list[StubRecord]]] = {}
         self.committed: dict[tuple[str, str, int], int] = {}  # (group, topic, partition)
+        # every change of a committed offset: (perf_counter(), group, topic, partition, offset)
+        self.commit_log: list[tuple[float, str, str, int, int]] = []
         self.consumers: list[StubConsumer] = []
         self.producers: list[StubProducer] = []
 
@@ -223,6 +225,7 @@ class StubConsumer:
             if tp in self.assigned:
                 self.assigned.remove(tp)
             self.paused.discard(tp)
+            self.stored.pop(tp, None)  # like librdkafka: an unassign drops stored offsets
 
     def pause(self, partitions: list[TopicPartition]) -> None:
         for p in partitions:
@@ -251,10 +254,18 @@ class StubConsumer:
         with self.broker.lock:
             if offsets is None:
                 for tp, off in self.stored.items():
-                    self.broker.committed[(self.group, *tp)] = off
+                    self._commit_one(tp[0], tp[1], off)
             else:
                 for p in offsets:
-                    self.broker.committed[(self.group, p.topic, p.partition)] = p.offset
+                    self._commit_one(p.topic, p.partition, p.offset)
+
+    def _commit_one(self, topic: str, partition: int, offset: int) -> None:
+        key = (self.group, topic, partition)
+        if self.broker.committed.get(key) != offset:
+            self.broker.committed[key] = offset
+            self.broker.commit_log.append(
+                (time.perf_counter(), self.group, topic, partition, offset)
+            )
 
     def _rebalance(self) -> None:
         if not self._joined:

@@ -13,6 +13,7 @@ the group.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -39,6 +40,12 @@ from retryd.worker.router import ProducerLike, Router
 from retryd.worker.scheduler import Scheduler
 from retryd.worker.settle import Settler
 from retryd.worker.summary import RunSummary
+
+log = logging.getLogger(__name__)
+
+# A revoke's bound beyond two handler timeouts: the async cancel grace and settling (2 s) and
+# the wait for routed copies' acknowledgements (30 s), plus a margin.
+REVOKE_FIXED_S = 35
 
 ConsumerFactory = Callable[[dict[str, Any]], ConsumerLike]
 ProducerFactory = Callable[[dict[str, Any]], ProducerLike]
@@ -93,6 +100,15 @@ def build_worker(
     if not topics:
         raise KafkaSetupError("nothing to consume: set main_topics (RETRYD_MAIN_TOPICS)")
     plan = settings.plan
+    revoke_bound_ms = int((2 * settings.handler_timeout_s + REVOKE_FIXED_S) * 1000)
+    if revoke_bound_ms > settings.max_poll_interval_ms:
+        log.warning(
+            "a revoke may take up to %d ms (2 x handler_timeout_s + %d s) but "
+            "max_poll_interval_ms is %d: a slow revoke can cost this member its membership",
+            revoke_bound_ms,
+            REVOKE_FIXED_S,
+            settings.max_poll_interval_ms,
+        )
     summary = RunSummary()
     events = Events([summary, *sinks])
     faults = Faults()

@@ -194,6 +194,15 @@ class LoopPool:
         loop, self._loop = self._loop, None
         if loop is not None:
             loop.stop(self.handler, timeout_s)
+            # A call that swallowed the cancellation is frozen in the stopped loop: cut off,
+            # not failed. Its record stays unsettled (its offset uncommitted).
+            for slot in loop.slots:
+                work = slot.work
+                if work is not None:
+                    self.lifecycle.requeue(work, slot.attempt)
+        for p in self._parked:
+            self.lifecycle.requeue(p.work, p.attempt)
+        self._parked = []
 
 
 class _Loop:
@@ -288,7 +297,12 @@ class _Loop:
                 except TimeoutError:
                     result = timeout_result(timeout_s)
                 except asyncio.CancelledError:
+                    if slot.abandoned:
+                        return  # the watchdog gave up on this loop: the pool owns the record
                     if self.abandoned or self.loop.is_closed():
+                        # the pool is closing: the call was cut off, not failed; the record
+                        # stays unsettled and its offset uncommitted (the next owner runs it)
+                        lifecycle.requeue(w, attempt)
                         return
                     result = timeout_result(timeout_s)
                 except BaseException as exc:  # adapters never raise; if one does, retry
