@@ -100,48 +100,59 @@ class Lifecycle:
 
     def __init__(self, hooks: RaceHooks = NO_HOOKS) -> None:
         self.lock = threading.Lock()
+        self._acquire = self.lock.acquire
+        self._release = self.lock.release
         self.hooks = hooks
         self.discarded_results = 0  # results that arrived for a released assignment
 
     # ------------------------------------------------------------ handler slots
     def claim(self, w: Work, slot: SlotLike) -> int:
         """QUEUED → RUNNING, the slot now runs ``w``; the call's attempt number, or 0 when it
-        must not run: its slot
-        was abandoned (the caller gives the record back), its assignment is closed (revoked:
-        its next owner runs it), or it is no longer queued."""
+        must not run: its slot was abandoned (the caller gives the record back), its assignment
+        is closed (revoked: its next owner runs it), or it is no longer queued."""
         part = w.part
-        with self.lock:
-            if slot.abandoned or w.stage is not QUEUED or not part.may_start(w.offset):
+        started = perf_counter()  # the watchdog reads it only once ``slot.work`` is set
+        self._acquire()  # (bound acquire/release: half the cost of ``with`` on this hot path)
+        try:
+            if (
+                slot.abandoned
+                or w.stage is not QUEUED
+                or (part.closing and w.offset >= part.run_below)  # PartitionState.may_start
+            ):
                 return 0
             w.stage = RUNNING
             attempt = w.attempt + 1
             w.attempt = attempt
             part.running += 1
-            slot.started = perf_counter()  # before ``work``: the watchdog reads both
+            slot.started = started
             slot.attempt = attempt
             slot.work = w
             return attempt
+        finally:
+            self._release()
 
     def finish(self, w: Work, attempt: int, result: HandlerResult, slot: SlotLike) -> Stage | None:
         """RUNNING → SUCCEEDED or FAILED, and the slot is free again. None when the slot was
         abandoned (the watchdog owns the record: the slot must exit), when the call no longer
         owns the record (expired or requeued) or when the record was discarded meanwhile."""
-        part = w.part
-        with self.lock:
+        self._acquire()
+        try:
             if slot.abandoned:
                 return None
             slot.work = None
-            if w.attempt != attempt or w.stage is not RUNNING:
-                if w.attempt == attempt:  # discarded while running: the call is over
-                    part.running -= 1
-                    self.discarded_results += 1
-                return None
-            part.running -= 1
-            w.result = result
-            outcome = result.outcome
-            stage = SUCCEEDED if outcome is _SUCCESS or outcome is _DROP else FAILED
-            w.stage = stage
-            return stage
+            if w.attempt == attempt and w.stage is RUNNING:
+                w.part.running -= 1
+                w.result = result
+                outcome = result.outcome
+                stage = SUCCEEDED if outcome is _SUCCESS or outcome is _DROP else FAILED
+                w.stage = stage
+                return stage
+            if w.attempt == attempt:  # discarded while running: the call is over
+                w.part.running -= 1
+                self.discarded_results += 1
+            return None
+        finally:
+            self._release()
 
     # ------------------------------------------------------------ the watchdog
     def expire(self, w: Work, attempt: int, result: HandlerResult) -> bool:

@@ -7,7 +7,15 @@ import json
 from collections import deque
 from typing import TYPE_CHECKING
 
-from retryd.worker.lifecycle import QUEUED, RUNNING, SETTLED, UNFINISHED, WAITING
+from retryd.worker.lifecycle import (
+    ACKED,
+    QUEUED,
+    RUNNING,
+    SKIPPED,
+    SUCCEEDED,
+    UNFINISHED,
+    WAITING,
+)
 
 if TYPE_CHECKING:
     from retryd.worker.work import Work
@@ -119,8 +127,10 @@ class PartitionState:
         """Pop the settled head; the offset to store if it moved (everything below is done)."""
         pending = self.pending
         nxt = None
-        settled = SETTLED
-        while pending and pending[0].stage in settled:
+        # identity tests: an Enum member's hash is a Python-level call, once per record here
+        while pending and (
+            (stage := pending[0].stage) is SUCCEEDED or stage is ACKED or stage is SKIPPED
+        ):
             w = pending.popleft()
             self.pending_bytes -= w.size
             nxt = w.offset + 1
