@@ -100,6 +100,11 @@ class FailedRecordOut(BaseModel):
     coordinate: str = Field(description="topic/partition/offset: the ledger key")
     retryd: dict[str, str | int | None] = Field(description="decoded retryd headers")
     headers: list[HeaderPreview] = Field(description="user headers, in order")
+    headers_error: str | None = Field(
+        default=None,
+        description="why some or all of the record's headers could not be read (header names "
+        "that are not UTF-8): they are missing from retryd and headers",
+    )
     key: Preview
     value: Preview
     replayed: LedgerEntryOut | None = Field(

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from retryd.policy.classify import HandlerResult
+from retryd.policy.headers import message_headers
 
 Headers = list[tuple[str, bytes | None]]
 
@@ -27,6 +28,7 @@ class Message:
     __slots__ = (
         "_env",
         "_fields",
+        "_hdrs",
         "_raw",
         "offset",
         "partition",
@@ -49,6 +51,7 @@ class Message:
     ) -> None:
         self._raw: Any = None
         self._env: Any = None
+        self._hdrs: tuple[Headers, str | None] | None = None
         self._fields: tuple[Any, ...] = (
             key,
             value,
@@ -79,10 +82,26 @@ class Message:
 
     @property
     def headers(self) -> Headers:
+        """The record's headers. Read from the client once and kept: confluent-kafka's
+        ``headers()`` raises on a header name that is not UTF-8 and, asked again, returns a
+        list whose tuples for such names hold NULL (touching one crashes the interpreter).
+        Names it cannot decode are left out (``headers_problem`` says so)."""
         raw = self._raw
         if raw is not None:
-            return raw.headers() or []
+            hdrs = self._hdrs
+            if hdrs is None:
+                hdrs = self._hdrs = message_headers(raw)
+            return hdrs[0]
         return self._fields[2]
+
+    @property
+    def headers_problem(self) -> str | None:
+        """Why some of the record's headers could not be read (None when all could)."""
+        if self._raw is None:
+            return None
+        self.headers  # noqa: B018 - reads and keeps them
+        assert self._hdrs is not None
+        return self._hdrs[1]
 
     @property
     def timestamp(self) -> int:

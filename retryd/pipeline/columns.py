@@ -118,8 +118,8 @@ def _parse_value(raw: bytes | str | None, kind: str) -> Any:
             return raw.decode("utf-8")
         except UnicodeDecodeError:
             return None
-    if not raw.isdigit():  # bytes.isdigit: ASCII digits only, and never empty
-        return None
+    if not raw.isdigit() or len(raw) > 19:  # ASCII digits only, never empty, fits int64
+        return None  # (int() of thousands of digits raises: Python's int/str limit)
     return bounded(int(raw), kind)
 
 

@@ -6,8 +6,10 @@ All values are UTF-8 text; numbers are decimal ASCII.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
+from typing import Any
 
 from retryd.errors import HeaderError
 from retryd.policy.sequence import is_topic_name
@@ -37,9 +39,134 @@ DEAD_REASONS = (DEAD_EXHAUSTED, DEAD_NON_RETRYABLE, DEAD_MALFORMED)
 
 Headers = list[tuple[str, bytes | None]]
 
+INT64_MAX = 2**63 - 1
+_MAX_DIGITS = 19  # len(str(INT64_MAX))
 
-def is_retryd_header(name: str) -> bool:
-    return name in _FIXED_NAMES or name.startswith("retryd_")
+
+def parse_uint(text: str) -> int | None:
+    """A non-negative decimal integer that fits int64 (ASCII digits only, at most 19 of them),
+    else None. Never raises: ``int()`` of an unbounded digit string does (Python's limit on
+    int/str conversion, 4,300 digits), and costs quadratic time before that."""
+    if 0 < len(text) <= _MAX_DIGITS and text.isascii() and text.isdigit():
+        value = int(text)
+        if value <= INT64_MAX:
+            return value
+    return None
+
+
+def is_retryd_header(name: object) -> bool:
+    return isinstance(name, str) and (name in _FIXED_NAMES or name.startswith("retryd_"))
+
+
+# --- Reading headers that nobody vetted -----------------------------------------------------
+#
+# Headers come from the Kafka client as a list of ``(str, bytes | None)`` tuples, but callers
+# also pass ``str`` values, and anything can arrive from tests, Spark rows or a future client:
+# bytes names, other types, items that are not pairs. The hot paths (``decode_tier_envelope``,
+# ``user_headers``) handle the client's shape at full speed and fall back to ``clean_headers``
+# for anything else; the other readers always go through ``clean_headers``.
+
+
+def _name(raw: object) -> str | None:
+    """A header name as text that UTF-8 can encode (so it can be produced and rendered)."""
+    if isinstance(raw, str):
+        if raw.isascii():
+            return str.__str__(raw)
+        try:
+            raw.encode("utf-8")
+        except UnicodeEncodeError:  # lone surrogates
+            return raw.encode("utf-8", errors="replace").decode("utf-8")
+        return str.__str__(raw)
+    if isinstance(raw, bytes | bytearray | memoryview):
+        return bytes(raw).decode("utf-8", errors="replace")
+    return None
+
+
+def _value(raw: object) -> tuple[bool, bytes | None]:
+    """``(usable, value as bytes or None)``."""
+    if raw is None or type(raw) is bytes:
+        return True, raw
+    if isinstance(raw, str):
+        return True, raw.encode("utf-8", errors="surrogatepass")  # lone surrogates: not UTF-8
+    if isinstance(raw, bytes | bytearray | memoryview):
+        return True, bytes(raw)
+    return False, None
+
+
+def _pair(item: object) -> tuple[object, object] | None:
+    """``item`` as a (name, value) pair without touching a NULL slot.
+
+    confluent-kafka's ``Message.headers()`` raises on a header name that is not UTF-8 the first
+    time and, called again, returns its cached list in which that header's tuple holds a NULL
+    name: reading the slot (unpacking, indexing, comparing) crashes the interpreter. The garbage
+    collector's traversal skips NULL slots, so a tuple with fewer referents than items has one.
+    """
+    if type(item) is tuple:
+        if len(item) != 2 or len(gc.get_referents(item)) != 2:
+            return None
+        return item[0], item[1]
+    if type(item) is list and len(item) == 2:
+        return item[0], item[1]
+    return None
+
+
+def _clean(headers: object) -> tuple[Headers, int]:
+    """``(readable pairs, how many items were left out)``; never raises."""
+    out: Headers = []
+    if headers is None:
+        return out, 0
+    items: Sequence[object]
+    if type(headers) is list or type(headers) is tuple:
+        items = headers
+    else:
+        try:
+            items = list(headers)  # type: ignore[call-overload]
+        except Exception:
+            return out, 1
+    dropped = 0
+    for item in items:
+        pair = _pair(item)
+        if pair is None:
+            dropped += 1
+            continue
+        name = _name(pair[0])
+        usable, value = _value(pair[1])
+        if name is None or not usable:
+            dropped += 1
+            continue
+        out.append((name, value))
+    return out, dropped
+
+
+def clean_headers(headers: object) -> Headers:
+    """The readable ``(name, value)`` pairs of ``headers``, in order; never raises.
+
+    Names become text UTF-8 can encode (bytes names decoded, invalid sequences and lone
+    surrogates replaced); values become bytes or None (``str`` encoded). Items that are not
+    pairs, names that are not text or bytes, values of other types are left out."""
+    return _clean(headers)[0]
+
+
+def message_headers(msg: Any) -> tuple[Headers, str | None]:
+    """The headers of a consumed confluent-kafka message: ``(clean headers, None)``, or
+    ``(what could be read, why some could not)``. Never raises.
+
+    ``Message.headers()`` decodes names with ``PyUnicode_FromString`` and does not check the
+    result: on a name that is not UTF-8 it raises ``SystemError`` (its ``__cause__`` the
+    ``UnicodeDecodeError``) and keeps a list whose tuples for such names hold NULL; called
+    again it returns that list. The readable headers are taken from it (``_pair`` skips the
+    NULL tuples); call this once per message and keep the result."""
+    try:
+        return clean_headers(msg.headers()), None
+    except Exception as exc:
+        problem = f"headers cannot be decoded: {type(exc).__name__}"
+    try:
+        found, dropped = _clean(msg.headers())
+    except Exception:
+        return [], problem
+    if dropped:
+        problem = f"{dropped} header(s) dropped: their names are not UTF-8"
+    return found, problem
 
 
 def header_value(
@@ -47,18 +174,33 @@ def header_value(
 ) -> bytes | None:
     """Last value of ``name`` (Kafka allows repeats; the last one wins), or None."""
     found: bytes | None = None
-    for key, value in headers or ():
+    for key, value in clean_headers(headers):
         if key == name:
-            found = value.encode() if isinstance(value, str) else value
+            found = value
     return found
 
 
 def user_headers(headers: Iterable[tuple[str, bytes | str | None]] | None) -> Headers:
-    """Headers that belong to the application, in their original order."""
+    """Headers that belong to the application, in their original order (see ``clean_headers``
+    for what is done with anything but ``(str, bytes | None)`` pairs)."""
     out: Headers = []
-    for key, value in headers or ():
+    if headers is None:
+        return out
+    if type(headers) is list or type(headers) is tuple:
+        try:
+            for key, value in headers:
+                if key not in _FIXED_NAMES and not key.startswith("retryd_"):
+                    if not key.isascii() or (value is not None and type(value) is not bytes):
+                        break  # text or odd values, non-ASCII names: the careful path
+                    out.append((key, value))
+            else:
+                return out
+        except Exception:  # not a pair, a name that is not text
+            pass
+        out = []
+    for key, value in clean_headers(headers):
         if key not in _FIXED_NAMES and not key.startswith("retryd_"):
-            out.append((key, value.encode() if isinstance(value, str) else value))
+            out.append((key, value))
     return out
 
 
@@ -123,7 +265,21 @@ def envelope_for_source(topic: str, partition: int, offset: int, timestamp: int)
 def retryd_headers(headers: Iterable[tuple[str, bytes | None]] | None) -> dict[str, bytes | None]:
     """The retryd headers of a record in one pass (the last of a repeated name wins)."""
     out: dict[str, bytes | None] = {}
-    for key, value in headers or ():
+    if headers is None:
+        return out
+    if type(headers) is list or type(headers) is tuple:
+        try:
+            for key, value in headers:
+                if key in _FIXED_NAMES or key.startswith("retryd_"):
+                    if value is not None and type(value) is not bytes:
+                        break  # the careful path
+                    out[key] = value
+            else:
+                return out
+        except Exception:  # not a pair, a name that is not text
+            pass
+        out = {}
+    for key, value in clean_headers(headers):
         if key in _FIXED_NAMES or key.startswith("retryd_"):
             out[key] = value
     return out
@@ -145,9 +301,12 @@ def _int(found: dict[str, bytes | None], name: str, *, required: bool) -> int | 
     text = _text(found, name, required=required)
     if text is None:
         return None
-    if not text.isascii() or not text.isdigit() or len(text) > 19:
-        raise HeaderError(f"header {name}={text[:40]!r} is not a non-negative decimal integer")
-    return int(text)
+    value = parse_uint(text)
+    if value is None:
+        raise HeaderError(
+            f"header {name}={text[:40]!r} is not a non-negative decimal integer below 2**63"
+        )
+    return value
 
 
 def decode_tier_envelope(headers: Sequence[tuple[str, bytes | None]] | None) -> Envelope:
@@ -251,19 +410,20 @@ _INT_HEADERS = {
 def decode_lenient(
     headers: Iterable[tuple[str, bytes | str | None]] | None,
 ) -> dict[str, str | int | None]:
-    """Every retryd header that parses, for browsing and analytics; bad values become None."""
+    """Every retryd header that parses, for browsing and analytics; bad values become None
+    (integers: a non-negative decimal that fits int64, see ``parse_uint``). Never raises: the
+    last occurrence of a repeated name wins, whatever it holds."""
     out: dict[str, str | int | None] = {}
-    for key, value in headers or ():
+    for key, raw in clean_headers(headers):
         if not is_retryd_header(key):
             continue
-        raw = value.encode() if isinstance(value, str) else value
         text: str | None
         try:
             text = raw.decode("utf-8") if raw is not None else None
         except UnicodeDecodeError:
             text = None
         if key in _INT_HEADERS:
-            out[key] = int(text) if text is not None and text.isascii() and text.isdigit() else None
+            out[key] = parse_uint(text) if text is not None else None
         else:
             out[key] = text
     return out

@@ -23,6 +23,7 @@ from retryd.policy.headers import (
     RETRY_TIMESTAMP,
     Envelope,
     Headers,
+    clean_headers,
     decode_lenient,
     routed_headers,
     truncate_utf8,
@@ -174,7 +175,11 @@ def route_malformed(
     now_ms: int,
     group: str | None = None,
 ) -> Route:
-    """A tier message whose retryd headers are unusable: dead-letter it, keep what parses."""
+    """A tier message whose retryd headers are unusable: dead-letter it, keep what parses.
+
+    Never raises on any ``source_headers`` (any names, values, sizes, repeats; see
+    ``clean_headers``): it is how the poll thread gets rid of a record it cannot read."""
+    source_headers = clean_headers(source_headers)
     parsed = decode_lenient(source_headers)
 
     def _int(name: str, default: int) -> int:

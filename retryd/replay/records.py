@@ -31,14 +31,19 @@ class Coord:
     def parse(cls, text: str) -> Coord:
         topic, _, rest = text.rpartition("/")
         topic, _, part = topic.rpartition("/")
-        if not topic or not part.isdigit() or not rest.isdigit():
-            raise ValueError(f"{text!r} is not topic/partition/offset")
-        return cls(topic, int(part), int(rest))
+        partition, offset = h.parse_uint(part), h.parse_uint(rest)
+        if not topic or partition is None or offset is None:
+            raise ValueError(f"{text[:300]!r} is not topic/partition/offset")
+        return cls(topic, partition, offset)
 
 
 @dataclass(frozen=True, slots=True)
 class FailedRecord:
-    """One record of ``failed_topic`` with its retryd envelope decoded leniently."""
+    """One record of ``failed_topic`` with its retryd envelope decoded leniently.
+
+    ``headers`` may hold anything (see ``retryd.policy.headers.clean_headers``): nothing here
+    raises on it. ``headers_error`` says why some or all of the record's headers could not be
+    read from the Kafka client (names that are not UTF-8)."""
 
     topic: str
     partition: int
@@ -47,6 +52,7 @@ class FailedRecord:
     key: bytes | None
     value: bytes | None
     headers: list[tuple[str, bytes | None]] = field(default_factory=list)
+    headers_error: str | None = None
 
     @property
     def coord(self) -> Coord:
@@ -155,7 +161,7 @@ def render_record(rec: FailedRecord, preview_bytes: int) -> dict[str, Any]:
     """JSON-ready view: decoded retryd headers, user headers, key and value previews."""
     user = [
         {"name": name, **render_bytes(value, min(preview_bytes, 4096))}
-        for name, value in h.user_headers(rec.headers)
+        for name, value in h.user_headers(h.clean_headers(rec.headers))
     ]
     return {
         "topic": rec.topic,
@@ -165,6 +171,7 @@ def render_record(rec: FailedRecord, preview_bytes: int) -> dict[str, Any]:
         "coordinate": str(rec.coord),
         "retryd": rec.envelope,
         "headers": user,
+        "headers_error": rec.headers_error,
         "key": render_bytes(rec.key, preview_bytes),
         "value": render_bytes(rec.value, preview_bytes),
     }

@@ -27,11 +27,10 @@ import json
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from confluent_kafka import KafkaException, TopicPartition
 
-from retryd.policy.headers import REPLAY_ID, REPLAYED_FROM, header_value
+from retryd.policy.headers import REPLAY_ID, REPLAYED_FROM, header_value, message_headers
 from retryd.replay.errors import BrokerUnavailable
 from retryd.replay.ledger import LedgerEntry, LedgerError, ReplayLedger
 from retryd.replay.scan import TopicScanner
@@ -166,7 +165,7 @@ def _recover_topic(
         for msg in scanner.scan(
             start, timeout_s=max(timeout_s * 30, 300), idle_timeout_s=timeout_s
         ):
-            headers: Any = msg.headers() or []  # a list of (name, bytes | None) from a consumer
+            headers, _ = message_headers(msg)  # never raises (names that are not UTF-8)
             replay_id = header_value(headers, REPLAY_ID)
             replayed_from = header_value(headers, REPLAYED_FROM)
             if replay_id is None or replayed_from is None:

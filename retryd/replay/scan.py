@@ -17,6 +17,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
 from retryd.kafka.clients import new_consumer, reader_config
+from retryd.policy.headers import message_headers
 from retryd.replay.errors import BrokerUnavailable, ScanIncomplete
 from retryd.replay.records import FailedRecord
 
@@ -56,8 +57,7 @@ def partitions_of(client: Any, topic: str, timeout_s: float) -> list[int] | None
 
 
 def to_record(msg: Message) -> FailedRecord:
-    raw: Any = msg.headers() or []
-    headers = [(str(k), v.encode() if isinstance(v, str) else v) for k, v in raw]
+    headers, problem = message_headers(msg)  # never raises; reads headers() once
     return FailedRecord(
         topic=msg.topic() or "",
         partition=msg.partition() or 0,
@@ -66,6 +66,7 @@ def to_record(msg: Message) -> FailedRecord:
         key=msg.key(),
         value=msg.value(),
         headers=headers,
+        headers_error=problem,
     )
 
 

@@ -121,7 +121,7 @@ class Intake:
         self, w: Work, st: PartitionState, by_key: bool, now_ms: int, stats: BatchStats
     ) -> None:
         raw = w.raw
-        headers, problem = readable_headers(raw)
+        headers, problem = readable_headers(w.msg)
         if problem is not None:
             self._malformed(w, problem, now_ms)
             return
@@ -149,7 +149,7 @@ class Intake:
         """Dead-letter a record retryd cannot read, keeping whatever of it is readable."""
         raw = w.raw
         log.warning("malformed record at %s: %s", w.where, problem)
-        headers, _ = readable_headers(raw)
+        headers, _ = readable_headers(w.msg)
         timestamp = _timestamp(raw)
         args = (self.plan, w.msg.topic, w.msg.partition, w.offset, timestamp)
         try:

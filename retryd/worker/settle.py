@@ -69,17 +69,16 @@ class Settler:
     def _plan(self, w: Work, now_ms: int) -> Route:
         result = w.result
         assert result is not None
-        raw = w.raw
-        if raw is not None:
-            headers, problem = readable_headers(raw)
+        if w.raw is not None:
+            headers, problem = readable_headers(w.msg)
             if problem is not None:
                 return route_malformed(
                     self.planner.plan,
                     w.msg.topic,
                     w.msg.partition,
                     w.offset,
-                    0,
-                    None,
+                    w.msg.timestamp,
+                    headers,
                     problem,
                     now_ms,
                     self.planner.group,

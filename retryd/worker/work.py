@@ -76,6 +76,7 @@ def new_work(raw: Any, topic: str, partition: int, offset: int, part: PartitionS
     m = Message.__new__(Message)
     m._raw = raw
     m._env = None
+    m._hdrs = None
     m.topic = topic
     m.partition = partition
     m.offset = offset

@@ -28,7 +28,9 @@ from retryd.policy.headers import (
 
 ms = st.integers(min_value=0, max_value=2**53)
 TOPIC_CHARS = "abcdefghijklmnopqrstuvwxyzABC0123456789._-"
-topic_names = st.text(alphabet=TOPIC_CHARS, min_size=1, max_size=60)
+topic_names = st.text(alphabet=TOPIC_CHARS, min_size=1, max_size=60).filter(
+    lambda t: t not in {".", ".."}  # Kafka forbids these two names
+)
 # user header names never start with retryd_ and are not the two bare retry headers
 user_names = st.text(min_size=0, max_size=20).filter(lambda n: not is_retryd_header(n))
 user_values = st.one_of(st.none(), st.binary(max_size=64))

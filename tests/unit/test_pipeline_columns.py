@@ -212,3 +212,15 @@ def test_spark_replay_never_targets_retryd_own_topics() -> None:
         ["retry_5m", "failed_topic", "retryd_replay_ledger"], "target_reserved"
     )
     assert _check_targets(spec, ["__consumer_offsets"]) == {"__consumer_offsets": "target_reserved"}
+
+
+def test_thousands_of_digits_become_null_in_both_parse_paths() -> None:
+    """int() of more than 4,300 digits raises: a hostile header used to end a Spark task."""
+    huge = b"9" * 5000
+    assert parse_retryd_headers([("retryd_original_offset", huge)]) == {"original_offset": None}
+    recs = [
+        Record("t", 0, i, (1, 0), b"k", b"v", [("retryd_original_offset", v)])
+        for i, v in enumerate([huge, b"12"])
+    ]
+    batch = build_batch(recs)
+    assert batch.column("original_offset").to_pylist() == [None, 12]
