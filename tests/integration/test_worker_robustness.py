@@ -135,3 +135,37 @@ def test_copy_too_large_to_route_is_dead_lettered_without_payload(
     assert hdrs[h.DEAD_REASON] == b"too_large"
     assert hdrs[h.ORIGINAL_TOPIC] == dep.main.encode() and hdrs[h.ORIGINAL_OFFSET] == b"1"
     assert dead.value is None
+
+
+def test_header_names_that_are_not_utf8_never_crash_the_worker(
+    bootstrap: str, tmp_path: Path
+) -> None:
+    """confluent-kafka raises on a header name that is not UTF-8, and asked again hands back
+    tuples holding NULL that crash the interpreter when touched: a worker that read such a
+    record's headers twice died with a segfault. Produced with librdkafka's C API (no Python
+    client writes such names): a failing main record and a tier record, both dead-lettered as
+    malformed with what was readable; a good record after them is handled."""
+    from tests.integration.test_header_fuzz_sidecar import keys_in, produce_raw
+
+    dep = deployment(bootstrap, tmp_path, sequence="1s")
+    tier = dep.tier("1s")
+    envelope = [
+        (h.RETRY_NUMBER.encode(), b"1"),
+        (h.RETRY_TIMESTAMP.encode(), b"0"),
+        (h.ORIGINAL_TOPIC.encode(), dep.main.encode()),
+        (h.ORIGINAL_PARTITION.encode(), b"0"),
+        (h.ORIGINAL_OFFSET.encode(), b"3"),
+        (h.GROUP.encode(), dep.settings.group_id.encode()),
+    ]
+    bad_name = [(b"\xff\xfe-name", b"v"), (b"kept", b"yes")]
+    produce_raw(
+        bootstrap, dep.main, [(b"main-bad", b'{"id": "main-bad", "mode": "always"}', bad_name)]
+    )
+    produce_raw(bootstrap, tier, [(b"tier-bad", b'{"id": "tier-bad"}', envelope + bad_name)])
+    dep.send([{"id": "after"}])
+
+    summary = dep.run()
+
+    assert sorted(keys_in(bootstrap, dep.failed)) == [b"main-bad", b"tier-bad"]
+    assert summary.dead_reasons == {"malformed": 2}
+    assert len(calls_for("after")) == 1
