@@ -1,5 +1,14 @@
-"""Shared fixtures. Integration tests use a real broker: ``RETRYD_TEST_BOOTSTRAP`` if set,
-otherwise one embedded Tansu process for the whole session, stopped by PID at the end."""
+"""Shared fixtures. Integration tests use a real broker for the whole session, stopped by PID
+at the end:
+
+- ``RETRYD_TEST_BOOTSTRAP=host:port``: an existing cluster (nothing is started);
+- otherwise Apache Kafka (``RETRYD_TEST_BROKER=kafka``, the default), provisioned from Maven
+  Central into a cache outside the repository and started in KRaft mode on loopback, version
+  ``RETRYD_KAFKA_VERSION`` (default: ``retryd.kafka.apache.DEFAULT_VERSION``);
+- ``RETRYD_TEST_BROKER=tansu``: the embedded Tansu broker of ``retryd dev``.
+
+The broker in use is printed once at the start of the session (``pytest_report_header``).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +17,17 @@ from collections.abc import Iterator
 
 import pytest
 
-from retryd.kafka.embedded import EmbeddedBroker
+from tests.support import TEST_BROKER, TEST_KAFKA_OVERRIDES
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    if os.environ.get("RETRYD_TEST_BOOTSTRAP"):
+        return f"broker: external cluster at {os.environ['RETRYD_TEST_BOOTSTRAP']}"
+    if TEST_BROKER == "tansu":
+        return "broker: embedded Tansu (RETRYD_TEST_BROKER=tansu)"
+    from retryd.kafka.apache import resolve_version
+
+    return f"broker: Apache Kafka {resolve_version(None)} (KRaft, single node, from Maven Central)"
 
 
 @pytest.fixture(scope="session")
@@ -17,8 +36,22 @@ def bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     if external:
         yield external
         return
-    log_file = tmp_path_factory.mktemp("broker") / "tansu.log"
-    broker = EmbeddedBroker(log_file=log_file).start()
+    if TEST_BROKER == "tansu":
+        from retryd.kafka.embedded import EmbeddedBroker
+
+        log_file = tmp_path_factory.mktemp("broker") / "tansu.log"
+        tansu = EmbeddedBroker(log_file=log_file).start()
+        try:
+            yield tansu.bootstrap
+        finally:
+            tansu.stop()
+        return
+    from retryd.kafka.apache import ApacheKafkaBroker
+
+    log_file = tmp_path_factory.mktemp("broker") / "kafka.log"
+    broker = ApacheKafkaBroker(log_file=log_file, overrides=TEST_KAFKA_OVERRIDES).start(
+        timeout_s=180
+    )
     try:
         yield broker.bootstrap
     finally:

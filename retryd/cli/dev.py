@@ -55,6 +55,12 @@ def dev(
     handler: str = typer.Option(
         "python", help="python: an in-process callable; http: a local business service"
     ),
+    broker_kind: str = typer.Option(
+        "tansu",
+        "--broker",
+        help="tansu: the embedded broker (pip only, starts in a second); kafka: Apache Kafka "
+        "from Maven Central (needs Java 17+ and Maven; first run downloads ~45 MB)",
+    ),
     sidecar: bool = typer.Option(True, help="run the sidecar and print its URLs"),
     hold: bool = typer.Option(
         False, "--hold", help="after the summary, keep broker and sidecar up until Ctrl-C"
@@ -63,19 +69,29 @@ def dev(
     timeout_s: float = typer.Option(300, help="give up after this many seconds"),
 ) -> None:
     """Run retryd locally on an embedded broker with demo traffic, then print a summary."""
+    from retryd.kafka.apache import ApacheKafkaBroker
     from retryd.kafka.embedded import EmbeddedBroker
 
     if handler not in ("python", "http"):
         typer.echo("retryd: --handler must be python or http", err=True)
         raise typer.Exit(2)
+    if broker_kind not in ("tansu", "kafka"):
+        typer.echo("retryd: --broker must be tansu or kafka", err=True)
+        raise typer.Exit(2)
     state = Path(tempfile.mkdtemp(prefix="retryd-dev-"))
-    broker = None if bootstrap_servers else EmbeddedBroker(log_file=state / "broker.log")
+    broker: EmbeddedBroker | ApacheKafkaBroker | None = None
+    if not bootstrap_servers:
+        if broker_kind == "kafka":
+            broker = ApacheKafkaBroker(log_file=state / "broker.log")
+        else:
+            broker = EmbeddedBroker(log_file=state / "broker.log")
     services = Services(state)
     try:
         if broker is not None:
-            with console.status("starting the embedded broker"):
+            name = "Apache Kafka" if broker_kind == "kafka" else "embedded broker"
+            with console.status(f"starting the {name} (first run provisions it)"):
                 broker.start()
-            console.print(f"embedded broker pid={broker.pid} at [bold]{broker.bootstrap}[/]")
+            console.print(f"{name} pid={broker.pid} at [bold]{broker.bootstrap}[/]")
         bootstrap = bootstrap_servers or (broker.bootstrap if broker else "")
         suffix = "" if broker else f"-{int(time.time())}"
         spec = "python:retryd.dev.demo_handler:handle"

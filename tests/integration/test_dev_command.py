@@ -4,6 +4,7 @@ are printed and answer (``--hold`` keeps them up after the summary until Ctrl-C)
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
@@ -87,3 +88,22 @@ def test_retryd_dev_through_a_business_service_over_http(handler: str) -> None:
     assert "business service (HTTP handler contract) at http://127.0.0.1:" in text
     assert "summary" in text and "MISSING" not in text, text[-3000:]
     print(f"retryd dev --handler http: {time.monotonic() - started:.1f}s")
+
+
+def test_retryd_dev_on_apache_kafka() -> None:
+    """``--broker kafka``: the same demo on Apache Kafka (KRaft, provisioned from Maven
+    Central), checked by its own summary; the broker is stopped by PID at the end."""
+    proc = _dev("--messages", "150", "--processes", "1", "--broker", "kafka", "--no-sidecar")
+    try:
+        out, _ = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    text = out.decode(errors="replace")
+    assert proc.returncode == 0, text[-3000:]
+    assert "Apache Kafka pid=" in text, text[-3000:]
+    assert "summary" in text and "MISSING" not in text, text[-3000:]
+    pid = int(re.search(r"Apache Kafka pid=(\d+)", text).group(1))  # type: ignore[union-attr]
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)

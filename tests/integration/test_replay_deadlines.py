@@ -11,6 +11,7 @@ before replaying anything, instead of replaying the part it counted and reportin
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -25,7 +26,7 @@ from retryd.replay.scan import TopicScanner, to_record
 from tests.integration.sidecar_support import failed_headers
 from tests.support import create_topics, produce, read_topic, unique
 
-ENTRIES = 5000
+ENTRIES = 20_000  # a read long enough that a deadline can fall inside it after connecting
 DEADLINES_S = (0.002, 0.003, 0.004, 0.006, 0.008, 0.012, 0.02, 0.03, 0.05)
 
 
@@ -51,7 +52,7 @@ def topics(bootstrap: str) -> Iterator[Topics]:
         t.failed,
         [(f"k{i}".encode(), b"v", failed_headers(t.main)) for i in range(ENTRIES)],
     )
-    # The ledger: 4,999 other records, then the entry of failed/0/0 (already replayed once).
+    # The ledger: ENTRIES - 1 other records, then the entry of failed/0/0 (already replayed once).
     filler = LedgerEntry(replay_id="r-old", target_topic=t.main, by="test").to_json()
     entries = [(f"{t.failed}/9/{i}".encode(), filler) for i in range(ENTRIES - 1)]
     entries.append((f"{t.failed}/0/0".encode(), filler))
@@ -72,8 +73,18 @@ def _record(t: Topics) -> FailedRecord:
 def test_ledger_read_cut_short_is_never_taken_as_complete(topics: Topics) -> None:
     coord = f"{topics.failed}/0/0"
     cut_short = []
-    for _attempt in range(3):
-        for deadline in DEADLINES_S:
+    # Deadlines that fall inside a read on this broker: fractions of a measured full read
+    # (a fixed list fits one broker's speed only).
+    full = ReplayLedger(topics.common, topics.ledger, timeout_s=30)
+    try:
+        started = time.perf_counter()
+        full.refresh()
+        whole_s = time.perf_counter() - started
+    finally:
+        full.close()
+    deadlines = sorted({*DEADLINES_S, *(whole_s * f for f in (0.05, 0.1, 0.2, 0.35, 0.5, 0.7))})
+    for _attempt in range(5):
+        for deadline in deadlines:
             ledger = ReplayLedger(topics.common, topics.ledger, timeout_s=deadline)
             try:
                 ledger.refresh()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import time
 
 import pytest
@@ -16,7 +15,7 @@ from tests.integration.spark_support import dead_letter, rows_by_offset, spark  
 from tests.support import create_topics, produce, read_topic, unique
 
 pytestmark = pytest.mark.spark
-ON_TANSU = not os.environ.get("RETRYD_TEST_BOOTSTRAP")
+from tests.support import ON_TANSU  # noqa: E402
 
 
 def opts(bootstrap: str, topic: str, **extra: object) -> dict[str, str]:

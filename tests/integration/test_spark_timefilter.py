@@ -3,8 +3,6 @@ the broker honours record timestamps, filtered after the read where it does not 
 
 from __future__ import annotations
 
-import os
-
 import pytest
 from confluent_kafka import Producer
 
@@ -15,7 +13,8 @@ from tests.support import create_topics, unique
 
 pytestmark = pytest.mark.spark
 # The embedded broker answers offsets-for-times without looking at CreateTime.
-ON_TANSU = not os.environ.get("RETRYD_TEST_BOOTSTRAP")
+from tests.support import ON_TANSU  # noqa: E402
+
 BASE = 1_700_000_000_000
 MINUTE = 60_000
 
