@@ -258,9 +258,15 @@ class ReplayJob:
             marker = self._marker
             if marker is not None and time.time() - marker.beat_ms / 1000 > recovery.MARKER_EVERY_S:
                 recovery.beat(self.ledger, marker)
-            reason, target = self._decide(rec)
-            if reason is None and not self.ledger.try_claim(rec.coord):
-                reason = "in_progress"
+            # Claim first, then decide: a single replay holds the same claim from its ledger
+            # check to its entry, so deciding after the claim sees its entry (checking first
+            # and claiming after let one land in between, and the record was replayed twice).
+            if not self.ledger.try_claim(rec.coord):
+                reason, target = "in_progress", None
+            else:
+                reason, target = self._decide(rec)
+                if reason is not None:
+                    self.ledger.release(rec.coord)
             if reason is not None:
                 with self._lock:
                     self.progress.skipped += 1
