@@ -15,12 +15,15 @@ survives container restarts).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from retryd.runtime.paths import heartbeat_dir
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,14 +43,26 @@ class Heartbeat:
 
 
 class HeartbeatWriter:
+    """Writes this process's heartbeat. A write that fails (disk full, read-only or missing
+    volume) never stops the worker: processing matters more than being seen. The failure is
+    logged once when it starts and once when it ends, counted in ``write_failures``, and kept
+    in ``failing``; meanwhile the sidecar sees the heartbeat go stale, and its readiness and
+    ``retryd health --worker`` say so (``worker_heartbeat_stale``), which is the truth from
+    where they stand: they cannot tell a worker that cannot write from one that is gone."""
+
     def __init__(self, state_dir: Path, role: str, group_id: str, interval_s: float = 1.0) -> None:
         self.dir = heartbeat_dir(state_dir)
-        self.dir.mkdir(parents=True, exist_ok=True)
         self.path = heartbeat_path(state_dir, os.getpid())
         self.role = role
         self.group_id = group_id
         self.interval_s = interval_s
         self._last = 0.0
+        self.failing: str | None = None  # why the last write failed; None while writes work
+        self.write_failures = 0
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            self._failed(exc)
 
     def beat(
         self,
@@ -76,11 +91,35 @@ class HeartbeatWriter:
             produced or {},
         )
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(hb)), encoding="utf-8")
-        os.replace(tmp, self.path)
+        try:
+            tmp.write_text(json.dumps(asdict(hb)), encoding="utf-8")
+            os.replace(tmp, self.path)
+        except OSError as exc:
+            self._failed(exc)
+            return
+        if self.failing is not None:
+            log.warning(
+                "heartbeat %s written again (it failed %d times)", self.path, self.write_failures
+            )
+            self.failing = None
+
+    def _failed(self, exc: OSError) -> None:
+        self.write_failures += 1
+        reason = f"{type(exc).__name__}: {exc.strerror or exc}"
+        if self.failing is None:
+            log.error(
+                "cannot write the heartbeat %s (%s); the worker keeps processing, but the "
+                "sidecar will report it stale until the state directory is writable again",
+                self.path,
+                reason,
+            )
+        self.failing = reason
 
     def remove(self) -> None:
-        self.path.unlink(missing_ok=True)
+        try:
+            self.path.unlink(missing_ok=True)
+        except OSError as exc:
+            log.warning("cannot remove the heartbeat %s: %s", self.path, exc)
 
 
 def read_heartbeats(state_dir: Path) -> list[Heartbeat]:

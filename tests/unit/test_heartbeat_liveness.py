@@ -6,6 +6,8 @@ import json
 import time
 from pathlib import Path
 
+import pytest
+
 from retryd.runtime.heartbeat import (
     ALIVE,
     STALE,
@@ -51,3 +53,30 @@ def test_prune_removes_only_stale_files(tmp_path: Path) -> None:
 
 def mine_pid(writer: HeartbeatWriter) -> int:
     return int(writer.path.stem)
+
+
+def test_a_heartbeat_that_cannot_be_written_degrades_instead_of_raising(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A full disk or a read-only volume used to end the worker (exit 1) at its next beat.
+    Here the state directory is a file (root ignores permission bits): every write fails."""
+    from retryd.runtime.heartbeat import HeartbeatWriter
+
+    state = tmp_path / "state"
+    state.write_text("not a directory")
+    writer = HeartbeatWriter(state, "main", "g")  # cannot even create its directory
+    for _ in range(3):
+        writer.beat(1, 0, force=True)
+    assert writer.failing is not None and writer.write_failures == 4
+    errors = [r for r in caplog.records if "cannot write the heartbeat" in r.getMessage()]
+    assert len(errors) == 1, "logged once when it starts failing, not at every beat"
+    writer.remove()  # never raises either
+
+    ok = tmp_path / "ok"
+    writer = HeartbeatWriter(ok, "main", "g")
+    writer.path.parent.rmdir()  # the volume goes away...
+    writer.beat(1, 0, force=True)
+    assert writer.failing is not None
+    writer.path.parent.mkdir(parents=True)  # ...and comes back
+    writer.beat(1, 0, force=True)
+    assert writer.failing is None and writer.path.exists()
