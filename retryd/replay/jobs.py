@@ -261,6 +261,8 @@ class ReplayJob:
             # Claim first, then decide: a single replay holds the same claim from its ledger
             # check to its entry, so deciding after the claim sees its entry (checking first
             # and claiming after let one land in between, and the record was replayed twice).
+            reason: str | None
+            target: str | None
             if not self.ledger.try_claim(rec.coord):
                 reason, target = "in_progress", None
             else:
