@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +17,10 @@ from retryd.replay.records import (
 from retryd.replay.scan import ScannerPool, to_record
 
 MAX_SCAN_PER_PAGE = 100_000
+# A page's rendered items stop growing past this (estimated as their JSON size): with 500
+# items of many headers each a page would otherwise be unbounded. The cursor continues after
+# the last item, and ``has_more`` says so.
+MAX_PAGE_BYTES = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -35,10 +40,16 @@ def browse(
     preview_bytes: int,
     timeout_s: float = 10.0,
     time_budget_s: float = 5.0,
+    max_page_bytes: int = MAX_PAGE_BYTES,
 ) -> Page:
-    """One page of matching records. A page ends when ``limit`` records matched, every
-    partition reached its current end, or the scan budget (records or time) ran out; in the
-    last case ``has_more`` is true even if the page is short."""
+    """One page of matching records. A page ends when ``limit`` records matched, their
+    rendering reached ``max_page_bytes``, every partition reached its current end, or the scan
+    budget (records or time) ran out; in every case but the end of the partitions ``has_more``
+    is true, even if the page is short.
+
+    Each matching record is trimmed to its preview as soon as it is read, so a request holds
+    one full record at a time, not ``limit`` of them (8 concurrent pages of 500 records of
+    1 MB were 4 GB)."""
     scanner = pool.acquire(timeout_s)
     broken = False
     try:
@@ -58,17 +69,22 @@ def browse(
             if flt.partition not in start:  # no such partition: nothing can match
                 return Page([], encode_cursor(start), False, 0)
             start = {flt.partition: start[flt.partition]}
-        items: list[FailedRecord] = []
+        items: list[tuple[int, int, int, dict[str, Any]]] = []
+        page_bytes = 0
         scanned = 0
         exhausted = True
         for msg in scanner.scan(
             start, timeout_s=time_budget_s, idle_timeout_s=timeout_s, partial_ok=True
         ):
             scanned += 1
-            rec = to_record(msg)
+            rec: FailedRecord | None = to_record(msg)
+            assert rec is not None
             if flt.matches(rec):
-                items.append(rec)
-            if len(items) >= limit or scanned >= MAX_SCAN_PER_PAGE:
+                item = render_record(rec, preview_bytes)
+                items.append((rec.timestamp, rec.partition, rec.offset, item))
+                page_bytes += len(json.dumps(item, separators=(",", ":"), default=str))
+            rec = None  # the full value goes now: only its preview stays
+            if len(items) >= limit or page_bytes >= max_page_bytes or scanned >= MAX_SCAN_PER_PAGE:
                 exhausted = False
                 break
         positions = dict(scanner.positions)
@@ -78,9 +94,9 @@ def browse(
         raise
     finally:
         pool.release(scanner, broken=broken)
-    items.sort(key=lambda r: (r.timestamp, r.partition, r.offset))
+    items.sort(key=lambda r: (r[0], r[1], r[2]))
     return Page(
-        [render_record(r, preview_bytes) for r in items],
+        [item for _, _, _, item in items],
         encode_cursor(positions),
         not at_end,
         scanned,

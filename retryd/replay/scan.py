@@ -24,6 +24,10 @@ from retryd.replay.records import FailedRecord
 log = logging.getLogger(__name__)
 
 QUIET_END_S = 1.0
+# consume() batch: at most this many records, and about this many value bytes (see
+# ``TopicScanner._size_batch``).
+MAX_BATCH = 500
+BATCH_BYTES = 2 * 1024 * 1024
 
 # Errors that mean "this read cannot succeed": stop at once instead of waiting out the deadline.
 _FATAL_CODES = {
@@ -79,9 +83,19 @@ class TopicScanner:
         self.positions: dict[int, int] = {}
         self.last_scan_complete = False
         self.lock = threading.Lock()
+        self._batch = 1  # until the first batch shows the records' size
 
     def partitions(self, timeout_s: float = 5.0) -> list[int] | None:
         return partitions_of(self.consumer, self.topic, timeout_s)
+
+    def _size_batch(self, batch: list[Message]) -> None:
+        """The client materialises every value of a ``consume()`` batch at once: size the
+        next batch so that it holds about ``BATCH_BYTES`` (500 records of 1 MB were 500 MB
+        per request)."""
+        if not batch:
+            return
+        size = sum(len(m) for m in batch) // len(batch) + 64
+        self._batch = max(1, min(MAX_BATCH, BATCH_BYTES // size))
 
     def scan(
         self,
@@ -132,7 +146,9 @@ class TopicScanner:
                         f"reading {self.topic} did not reach its end within {timeout_s:g}s "
                         f"(stopped at {_describe_positions(self.positions)})"
                     )
-                for msg in self.consumer.consume(500, 0.1):
+                batch = self.consumer.consume(self._batch, 0.1)
+                self._size_batch(batch)
+                for msg in batch:
                     err = msg.error()
                     part = msg.partition()
                     if part is None or part not in active:
