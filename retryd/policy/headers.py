@@ -157,7 +157,9 @@ def message_headers(msg: Any) -> tuple[Headers, str | None]:
     again it returns that list. The readable headers are taken from it (``_pair`` skips the
     NULL tuples); call this once per message and keep the result."""
     try:
-        return clean_headers(msg.headers()), None
+        # A call that returns gives the client's own shape: names decoded from valid UTF-8,
+        # values bytes or None. Nothing to clean (cleaning cost ~1 µs per header, per record).
+        return msg.headers() or [], None
     except Exception as exc:
         problem = f"headers cannot be decoded: {type(exc).__name__}"
     try:

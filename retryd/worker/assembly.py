@@ -152,25 +152,12 @@ def build_worker(
 def _pool(
     settings: Settings, handler: Handler, scheduler: Scheduler, lifecycle: Lifecycle, events: Events
 ) -> Pool:
+    common = (scheduler, lifecycle, settings.max_in_flight, settings.handler_timeout_s)
     if is_async_handler(handler):
         assert isinstance(handler, AsyncHandler)
-        return LoopPool(
-            handler,
-            scheduler,
-            lifecycle,
-            settings.max_in_flight,
-            settings.handler_timeout_s,
-            events.abandoned,
-        )
+        return LoopPool(handler, *common, events.abandoned)
     assert isinstance(handler, SyncHandler)
-    return ThreadPool(
-        handler,
-        scheduler,
-        lifecycle,
-        settings.max_in_flight,
-        settings.handler_timeout_s,
-        events.abandoned,
-    )
+    return ThreadPool(handler, *common, events.abandoned)
 
 
 def _check_topics(consumer: ConsumerLike, settings: Settings, topics: list[str]) -> dict[str, int]:

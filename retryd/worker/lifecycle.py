@@ -158,41 +158,34 @@ class Lifecycle:
     def expire(self, w: Work, attempt: int, result: HandlerResult) -> bool:
         """A call past its timeout: RUNNING → FAILED with ``result``; the call's own late
         return is ignored from now on. False when the call had already ended."""
-        part = w.part
         with self.lock:
-            if w.attempt != attempt:
+            if not self._take_back(w, attempt):
                 return False
-            w.attempt = attempt + 1
-            if w.stage is not RUNNING:
-                if w.stage is DISCARDED:
-                    part.running -= 1
-                return False
-            part.running -= 1
             w.result = result
             w.stage = FAILED
             return True
 
     def requeue(self, w: Work, attempt: int) -> bool:
         """A call cut off through no fault of its own (its loop was abandoned because of
-        another call): RUNNING → QUEUED, to run again. False when it had already ended."""
-        part = w.part
+        another call, or the pool closed): RUNNING → QUEUED, to run again. False when it had
+        already ended."""
         with self.lock:
-            if w.attempt != attempt:
+            if not self._take_back(w, attempt):
                 return False
-            w.attempt = attempt + 1
-            if w.stage is not RUNNING:
-                if w.stage is DISCARDED:
-                    part.running -= 1
-                return False
-            part.running -= 1
             w.stage = QUEUED
             return True
 
-    def abandon(self, slots: list[SlotLike]) -> None:
-        """Mark slots abandoned: from now on they claim nothing."""
-        with self.lock:
-            for slot in slots:
-                slot.abandoned = True
+    @staticmethod
+    def _take_back(w: Work, attempt: int) -> bool:
+        """The call ``attempt`` no longer owns ``w`` (its late return is ignored); True when
+        ``w`` was still RUNNING under it. Called with the lock held."""
+        if w.attempt != attempt:
+            return False
+        w.attempt = attempt + 1
+        stage = w.stage
+        if stage is RUNNING or stage is DISCARDED:
+            w.part.running -= 1  # the call is over as far as the assignment is concerned
+        return stage is RUNNING
 
     # ------------------------------------------------------------ poll thread
     def route(self, w: Work) -> bool:

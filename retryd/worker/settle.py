@@ -108,8 +108,12 @@ class Settler:
         """Send ``w``'s routed copy; ``w`` settles on the acknowledgement. ``w`` is FAILED."""
         if not self.lifecycle.route(w):
             return
-        msg = w.msg
-        self.router.send(route, msg.key, msg.value, msg.partition, w)
+        raw = w.raw
+        if raw is not None:  # the client's record: no property hops on this path
+            self.router.send(route, raw.key(), raw.value(), w.msg.partition, w)
+        else:
+            msg = w.msg
+            self.router.send(route, msg.key, msg.value, msg.partition, w)
 
     def poll(self) -> None:
         """Serve the producer's delivery reports and settle what they say."""
