@@ -396,3 +396,62 @@ class _Delivered:
 
     def offset(self) -> int:
         return self._rec.offset
+
+
+class StubReader:
+    """A consumer reading by explicit assignment (no group), as the replay code's scanners,
+    the ledger and the target policy use one: ``assign`` at offsets, ``consume`` to each
+    partition's end (then an end-of-partition event), watermarks, metadata."""
+
+    def __init__(self, broker: StubBroker, conf: dict[str, Any]) -> None:
+        self.broker = broker
+        self.positions: dict[TP, int] = {}
+        self.eof_sent: set[TP] = set()
+
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> _ClusterMeta:
+        with self.broker.lock:
+            logs = self.broker.logs
+            names = [topic] if topic is not None else list(logs)
+            return _ClusterMeta(
+                {t: _Meta({i: None for i in range(len(logs[t]))}) for t in names if t in logs}
+            )
+
+    def assign(self, partitions: list[TopicPartition]) -> None:
+        self.positions = {(p.topic, p.partition): max(p.offset, 0) for p in partitions}
+        self.eof_sent = set()
+
+    def unassign(self) -> None:
+        self.positions = {}
+
+    def get_watermark_offsets(self, tp: TopicPartition, **kwargs: Any) -> tuple[int, int]:
+        with self.broker.lock:
+            return 0, len(self.broker.logs[tp.topic][tp.partition])
+
+    def consume(self, num_messages: int = 1, timeout: float = -1) -> list[Any]:
+        out: list[Any] = []
+        with self.broker.lock:
+            for tp, pos in list(self.positions.items()):
+                log = self.broker.logs[tp[0]][tp[1]]
+                while pos < len(log) and len(out) < num_messages:
+                    out.append(StubMessage(log[pos]))
+                    pos += 1
+                self.positions[tp] = pos
+                if pos >= len(log) and tp not in self.eof_sent and len(out) < num_messages:
+                    out.append(_EofMessage(tp, pos))
+                    self.eof_sent.add(tp)
+        return out
+
+    def close(self) -> None:
+        self.positions = {}
+
+
+def replay_clients(broker: StubBroker) -> Any:
+    """``ReplayClients`` over the stub: scanners and metadata read by assignment, producers
+    append to the stub's logs."""
+    from retryd.replay.clients import ReplayClients
+
+    return ReplayClients(
+        consumer=lambda conf: StubReader(broker, conf),
+        producer=broker.producer,
+        admin=lambda conf: StubReader(broker, conf),
+    )

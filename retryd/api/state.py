@@ -22,6 +22,7 @@ from retryd.kafka.clients import admin_config, new_admin
 from retryd.metrics.exposition import SidecarCollector
 from retryd.metrics.lag import LagMonitor
 from retryd.metrics.replays import LedgerTail
+from retryd.replay.clients import KAFKA, ReplayClients
 from retryd.replay.errors import BrokerUnavailable
 from retryd.replay.jobs import JobSpec, ReplayJob
 from retryd.replay.ledger import LedgerError, ReplayLedger
@@ -41,7 +42,14 @@ def allowed_targets(settings: Settings) -> list[str]:
 
 
 class Sidecar:
-    def __init__(self, settings: Settings, *, lag_interval_s: float | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        lag_interval_s: float | None = None,
+        clients: ReplayClients = KAFKA,
+    ) -> None:
+        """Builds every replay part once, all with the same client factories (``clients``)."""
         self.settings = settings
         self.common = dict(settings.kafka_common())
         self.timeout_s = max(settings.readiness_timeout_s, 5.0)
@@ -53,6 +61,7 @@ class Sidecar:
             settings.failed_topic,
             "browse",
             size=2 * settings.sidecar_max_inflight,
+            clients=clients,
         )
         self.ledger = ReplayLedger(
             self.common,
@@ -60,9 +69,13 @@ class Sidecar:
             replication_factor=settings.replication_factor,
             timeout_s=self.timeout_s,
             delivery_timeout_s=self.delivery_timeout_s,
+            clients=clients,
         )
         self.policy = TargetPolicy(
-            self.common, allowed_targets(settings), reserved=reserved_topics(settings)
+            self.common,
+            allowed_targets(settings),
+            reserved=reserved_topics(settings),
+            clients=clients,
         )
         self.ceiling = SharedRateLimit(settings.replay_max_per_second)
         self.replayer = Replayer(

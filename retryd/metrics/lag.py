@@ -18,17 +18,10 @@ import threading
 import time
 from collections.abc import Callable
 
-from confluent_kafka import (
-    Consumer,
-    ConsumerGroupTopicPartitions,
-    KafkaError,
-    KafkaException,
-    TopicPartition,
-)
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from retryd.errors import RetrydError
-from retryd.kafka.clients import admin_config, new_admin, new_consumer, reader_config
+from retryd.kafka.clients import new_consumer, reader_config
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +29,8 @@ log = logging.getLogger(__name__)
 class LagMonitor:
     """Measures the worker group's lag (and the records in ``backlog_topics``) periodically.
 
-    The group's committed offsets come from an admin OffsetFetch
-    (``list_consumer_group_offsets``), so nothing here ever touches the group's membership. A
+    The group's committed offsets come from an OffsetFetch by a consumer that carries the
+    group's id but never subscribes, so nothing here ever touches the group's membership. A
     group-less consumer then fetches one small batch at each committed position and reads the
     watermarks from the fetch response (``get_watermark_offsets(cached=True)``): a ListOffsets
     'latest' request is wrong on some Kafka-compatible brokers. Lag = high watermark -
@@ -69,7 +62,7 @@ class LagMonitor:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._consumer: Consumer | None = None
-        self._admin: AdminClient | None = None
+        self._offsets: Consumer | None = None  # carries the group's id; never subscribes
         self.last_error: str | None = None
 
     def start(self) -> LagMonitor:
@@ -85,6 +78,9 @@ class LagMonitor:
         if self._consumer is not None:
             self._consumer.close()
             self._consumer = None
+        if self._offsets is not None:
+            self._offsets.close()
+            self._offsets = None
 
     def _fresh(self, max_age_s: float | None) -> bool:
         limit = max_age_s if max_age_s is not None else max(15.0, self.interval_s * 3)
@@ -133,16 +129,22 @@ class LagMonitor:
         return self._consumer
 
     def _committed(self, tps: list[TopicPartition]) -> dict[tuple[str, int], int]:
+        """The group's committed offsets, through a consumer that carries the group's id but
+        never subscribes (so it never joins): ``committed()`` is an OffsetFetch like the admin
+        client's ``list_consumer_group_offsets``, whose response parser crashes librdkafka
+        2.16 (segfault in ``rd_kafka_ListConsumerGroupOffsetsResponse_parse``) on a cluster
+        where the offsets topic does not exist yet: a sidecar started on a fresh Apache Kafka
+        died seconds after start."""
         out = {(tp.topic, tp.partition): -1 for tp in tps}
         if not tps:
             return out
-        if self._admin is None:
-            self._admin = new_admin(admin_config(self.common, "lag-monitor", log_level=3))
-        request = [ConsumerGroupTopicPartitions(self.group_id, tps)]
-        futures = self._admin.list_consumer_group_offsets(request, request_timeout=self.timeout_s)
-        result = futures[self.group_id].result(self.timeout_s)
-        for tp in result.topic_partitions or []:
-            if tp.error is None:
+        if self._offsets is None:
+            conf = reader_config(self.common, "lag-offsets", log_level=3)
+            conf["group.id"] = self.group_id  # read its offsets; never subscribe, never commit
+            conf["enable.auto.commit"] = False
+            self._offsets = new_consumer(conf)
+        for tp in self._offsets.committed(tps, timeout=self.timeout_s):
+            if tp.error is None and tp.offset >= 0:
                 out[(tp.topic, tp.partition)] = tp.offset
         return out
 

@@ -22,7 +22,6 @@ from typing import Any
 
 from confluent_kafka import KafkaException, Producer
 
-from retryd.kafka.clients import new_producer
 from retryd.replay import audit, recovery
 from retryd.replay.copies import (
     effective_delivery_timeout_s,
@@ -130,7 +129,9 @@ class ReplayJob:
         p = self.progress
         p.started_at = time.time()
         try:
-            scanner = TopicScanner(self.common, self.failed_topic, "replay-job")
+            scanner = TopicScanner(
+                self.common, self.failed_topic, "replay-job", self.ledger.clients
+            )
             self._set(state="counting")
             parts = scanner.partitions(self.timeout_s)
             start = {part: 0 for part in parts or []}
@@ -151,7 +152,7 @@ class ReplayJob:
                 self._marker = recovery.begin(
                     self.ledger, self.common, self.id, targets, self.timeout_s
                 )
-            producer = new_producer(self.producer_conf)
+            producer = self.ledger.clients.producer(self.producer_conf)
             self._replay(scanner, producer, start, REPLAYED)
         except (ReplayError, LedgerError, KafkaException) as exc:
             log.error("replay job %s failed: %s", self.id, exc)

@@ -73,7 +73,8 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from confluent_kafka.admin import NewTopic
 
 from retryd.errors import RetrydError
-from retryd.kafka.clients import admin_config, new_admin, new_producer, producer_config
+from retryd.kafka.clients import admin_config, producer_config
+from retryd.replay.clients import KAFKA, ReplayClients
 from retryd.replay.errors import BrokerUnavailable, LedgerMisconfigured, ScanIncomplete
 from retryd.replay.records import Coord
 from retryd.replay.scan import TopicScanner
@@ -132,6 +133,7 @@ class ReplayLedger:
         replication_factor: int = -1,
         timeout_s: float = 10.0,
         delivery_timeout_s: float | None = None,
+        clients: ReplayClients = KAFKA,
     ) -> None:
         """``timeout_s`` bounds each wait for Kafka (a read is abandoned after 3x that);
         ``delivery_timeout_s`` (librdkafka ``message.timeout.ms``) bounds how long a ledger
@@ -139,6 +141,7 @@ class ReplayLedger:
         waits a known time. None keeps librdkafka's default."""
         self.common = common
         self.topic = topic
+        self.clients = clients  # every other replay part of this composition uses them too
         self.replication_factor = replication_factor
         self.timeout_s = timeout_s
         self.delivery_timeout_s = delivery_timeout_s
@@ -158,7 +161,7 @@ class ReplayLedger:
         retention its entries expire and the records they protect can be replayed again."""
         from retryd.kafka.topics import CLEANUP_POLICY, LEDGER_PARTITIONS, topic_configs
 
-        admin = new_admin(admin_config(self.common, "ledger"))
+        admin = self.clients.admin(admin_config(self.common, "ledger"))
         try:
             existing = admin.list_topics(timeout=self.timeout_s).topics
         except KafkaException as exc:
@@ -195,7 +198,7 @@ class ReplayLedger:
         timeout = timeout_s or self.timeout_s
         with self._lock:
             if self._scanner is None:
-                self._scanner = TopicScanner(self.common, self.topic, "ledger")
+                self._scanner = TopicScanner(self.common, self.topic, "ledger", self.clients)
             scanner = self._scanner
             parts = scanner.partitions(timeout)
             if parts is None:
@@ -290,7 +293,9 @@ class ReplayLedger:
                 tuning: dict[str, Any] = {"linger.ms": 2, "log_level": 3}
                 if self.delivery_timeout_s is not None:
                     tuning["message.timeout.ms"] = int(self.delivery_timeout_s * 1000)
-                self._producer = new_producer(producer_config(self.common, "ledger", **tuning))
+                self._producer = self.clients.producer(
+                    producer_config(self.common, "ledger", **tuning)
+                )
             return self._producer
 
     def record_async(

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from confluent_kafka import KafkaException, TopicPartition
 
 from retryd.policy.headers import REPLAY_ID, REPLAYED_FROM, header_value, message_headers
+from retryd.replay.clients import KAFKA, ReplayClients
 from retryd.replay.errors import BrokerUnavailable
 from retryd.replay.ledger import LedgerEntry, LedgerError, ReplayLedger
 from retryd.replay.scan import TopicScanner
@@ -74,9 +75,11 @@ class JobMarker:
             return None
 
 
-def partition_ends(common: dict[str, str], topic: str, timeout_s: float) -> dict[int, int]:
+def partition_ends(
+    common: dict[str, str], topic: str, timeout_s: float, clients: ReplayClients = KAFKA
+) -> dict[int, int]:
     """The current end of every partition of ``topic`` (where new copies will land)."""
-    scanner = TopicScanner(common, topic, "replay-marker")
+    scanner = TopicScanner(common, topic, "replay-marker", clients)
     try:
         parts = scanner.partitions(timeout_s)
         if parts is None:
@@ -100,7 +103,9 @@ def begin(
 ) -> JobMarker:
     """Announce a job before its first copy; the marker is acknowledged when this returns."""
     marker = JobMarker(
-        job_id, {t: partition_ends(common, t, timeout_s) for t in sorted(targets)}, _now_ms()
+        job_id,
+        {t: partition_ends(common, t, timeout_s, ledger.clients) for t in sorted(targets)},
+        _now_ms(),
     )
     ledger.write_marker(job_id, marker.to_json(), wait=True)
     return marker
@@ -155,7 +160,7 @@ def _recover_topic(
     starts: dict[int, int],
     timeout_s: float,
 ) -> tuple[int, dict[int, int]]:
-    scanner = TopicScanner(common, topic, "replay-recovery")
+    scanner = TopicScanner(common, topic, "replay-recovery", ledger.clients)
     found = 0
     try:
         parts = scanner.partitions(timeout_s)

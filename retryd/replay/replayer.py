@@ -14,7 +14,6 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from retryd.kafka.clients import new_producer
 from retryd.replay import audit
 from retryd.replay.copies import (
     effective_delivery_timeout_s,
@@ -92,7 +91,7 @@ class Replayer:
     def _get_producer(self) -> Producer:
         with self._lock:
             if self._producer is None:
-                self._producer = new_producer(self.conf)
+                self._producer = self.ledger.clients.producer(self.conf)
             return self._producer
 
     def replay(

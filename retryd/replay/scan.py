@@ -16,8 +16,9 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
-from retryd.kafka.clients import new_consumer, reader_config
+from retryd.kafka.clients import reader_config
 from retryd.policy.headers import message_headers
+from retryd.replay.clients import KAFKA, ReplayClients
 from retryd.replay.errors import BrokerUnavailable, ScanIncomplete
 from retryd.replay.records import FailedRecord
 
@@ -77,9 +78,17 @@ def to_record(msg: Message) -> FailedRecord:
 class TopicScanner:
     """One consumer reading one topic by explicit assignment; not thread-safe (use a lock)."""
 
-    def __init__(self, common: dict[str, str], topic: str, purpose: str = "reader") -> None:
+    def __init__(
+        self,
+        common: dict[str, str],
+        topic: str,
+        purpose: str = "reader",
+        clients: ReplayClients = KAFKA,
+    ) -> None:
         self.topic = topic
-        self.consumer = new_consumer(reader_config(common, purpose, **{"fetch.wait.max.ms": 50}))
+        self.consumer = clients.consumer(
+            reader_config(common, purpose, **{"fetch.wait.max.ms": 50})
+        )
         self.positions: dict[int, int] = {}
         self.last_scan_complete = False
         self.lock = threading.Lock()
@@ -215,8 +224,16 @@ def _describe_positions(positions: dict[int, int], limit: int = 8) -> str:
 class ScannerPool:
     """A few reusable scanners for request handlers (a consumer costs a connection)."""
 
-    def __init__(self, common: dict[str, str], topic: str, purpose: str, size: int = 4) -> None:
+    def __init__(
+        self,
+        common: dict[str, str],
+        topic: str,
+        purpose: str,
+        size: int = 4,
+        clients: ReplayClients = KAFKA,
+    ) -> None:
         self.common = common
+        self.clients = clients
         self.topic = topic
         self.purpose = purpose
         self._free: list[TopicScanner] = []
@@ -231,7 +248,7 @@ class ScannerPool:
             if self._free:
                 return self._free.pop()
         try:
-            return TopicScanner(self.common, self.topic, self.purpose)
+            return TopicScanner(self.common, self.topic, self.purpose, self.clients)
         except Exception:
             self._sem.release()
             raise

@@ -10,8 +10,9 @@ from confluent_kafka import Consumer
 
 from retryd.config import Settings
 from retryd.errors import SequenceError
-from retryd.kafka.clients import new_consumer, reader_config
+from retryd.kafka.clients import reader_config
 from retryd.policy.sequence import validate_topic_name
+from retryd.replay.clients import KAFKA, ReplayClients
 from retryd.replay.errors import InvalidTarget, TargetRefused, TargetReserved
 from retryd.replay.records import FailedRecord
 from retryd.replay.scan import partitions_of
@@ -44,8 +45,10 @@ class TargetPolicy:
         ttl_s: float = 30.0,
         *,
         reserved: Mapping[str, str] | None = None,
+        clients: ReplayClients = KAFKA,
     ) -> None:
         self.reserved = dict(reserved or {})
+        self.clients = clients
         self.allowed = frozenset(t for t in allowlist if self.refusal(t) is None)
         self.ttl_s = ttl_s
         self._meta: Consumer | None = None
@@ -95,7 +98,7 @@ class TargetPolicy:
             if hit is not None and now - hit[0] < self.ttl_s:
                 return hit[1]
             if self._meta is None:  # a consumer: asking never auto-creates the topic
-                self._meta = new_consumer(reader_config(self._common, "meta"))
+                self._meta = self.clients.consumer(reader_config(self._common, "meta"))
             meta = self._meta
         parts = partitions_of(meta, topic, timeout_s)
         count = len(parts) if parts is not None else None
