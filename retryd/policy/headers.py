@@ -157,11 +157,20 @@ def message_headers(msg: Any) -> tuple[Headers, str | None]:
     again it returns that list. The readable headers are taken from it (``_pair`` skips the
     NULL tuples); call this once per message and keep the result."""
     try:
-        # A call that returns gives the client's own shape: names decoded from valid UTF-8,
-        # values bytes or None. Nothing to clean (cleaning cost ~1 µs per header, per record).
-        return msg.headers() or [], None
+        found = msg.headers()
     except Exception as exc:
         problem = f"headers cannot be decoded: {type(exc).__name__}"
+    else:
+        if not found:
+            return [], None
+        # A call that returns gives the client's own shape (names decoded from valid UTF-8,
+        # values bytes or None: nothing to clean, which cost ~1 µs per header) -- unless an
+        # earlier call raised, on another thread or through another path, and this one got
+        # the cached list with NULL slots. Its tuples are all pairs: one C call counts every
+        # tuple's referents, and a NULL slot has none.
+        if len(gc.get_referents(*found)) == 2 * len(found):
+            return found, None
+        problem = "headers cannot be decoded: a header name is not UTF-8"
     try:
         found, dropped = _clean(msg.headers())
     except Exception:

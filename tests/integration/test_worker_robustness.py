@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from retryd.policy import headers as h
 from tests.integration.worker_support import calls_for, deployment
-from tests.support import produce, read_topic
+from tests.support import produce, read_topic, wait_for
 
 
 def test_malformed_tier_messages_are_dead_lettered_and_valid_ones_still_handled(
@@ -169,3 +171,34 @@ def test_header_names_that_are_not_utf8_never_crash_the_worker(
     assert sorted(keys_in(bootstrap, dep.failed)) == [b"main-bad", b"tier-bad"]
     assert summary.dead_reasons == {"malformed": 2}
     assert len(calls_for("after")) == 1
+
+
+def test_headers_read_after_another_read_raised_are_still_checked(bootstrap: str) -> None:
+    """The race behind a segfault seen in CI: a handler thread's first ``headers()`` call
+    raises on a name that is not UTF-8 and, before its result is kept, the poll thread asks
+    the client again and is handed the cached list holding NULL without an exception. Whoever
+    asks second must still see the problem and get only the readable headers."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from retryd.policy.headers import message_headers
+    from tests.integration.test_header_fuzz_sidecar import produce_raw
+    from tests.support import create_topics, unique
+
+    topic = unique("hdr-race")
+    create_topics(bootstrap, [topic], 1)
+    produce_raw(bootstrap, topic, [(b"k", b"v", [(b"\xff\xfe-name", b"v"), (b"kept", b"yes")])])
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("reader")})
+    try:
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        raw = wait_for(
+            lambda: next((m for m in consumer.consume(10, 0.5) if not m.error()), None),
+            30,
+            what="the record",
+        )
+        with pytest.raises(SystemError):
+            raw.headers()  # the other thread's read
+        headers, problem = message_headers(raw)
+    finally:
+        consumer.close()
+    assert headers == [("kept", b"yes")]
+    assert problem is not None and "not UTF-8" in problem
