@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import KafkaError, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 TP = tuple[str, int]
 
@@ -30,6 +30,7 @@ class StubRecord:
     value: bytes | None
     headers: list[tuple[str, bytes | None]]
     timestamp: int
+    aborted: bool = False  # written in a transaction that aborted: read_committed skips it
 
 
 class StubMessage:
@@ -167,6 +168,7 @@ class StubBroker:
 class StubConsumer:
     def __init__(self, broker: StubBroker, conf: dict[str, Any]) -> None:
         self.broker = broker
+        self.conf = conf
         self.group = str(conf["group.id"])
         self.eof_enabled = bool(conf.get("enable.partition.eof"))
         self.topics: list[str] = []
@@ -218,6 +220,17 @@ class StubConsumer:
                 self.assigned.append(tp)
             self.positions[tp] = self._start_of(tp)
             self.eof_sent.discard(tp)
+
+    def committed(self, partitions: list[TopicPartition], timeout: float = -1) -> list[Any]:
+        with self.broker.lock:
+            done = self.broker.committed
+            return [
+                TopicPartition(t, p, done.get((self.group, t, p), -1001))
+                for t, p in ((tp.topic, tp.partition) for tp in partitions)
+            ]
+
+    def consumer_group_metadata(self) -> str:
+        return self.group
 
     def incremental_unassign(self, partitions: list[TopicPartition]) -> None:
         for p in partitions:
@@ -312,7 +325,8 @@ class StubConsumer:
             log = self.broker.logs[tp[0]][tp[1]]
             pos = self.positions[tp]
             while pos < len(log) and len(out) < n:
-                out.append(StubMessage(log[pos]))
+                if not log[pos].aborted:
+                    out.append(StubMessage(log[pos]))
                 pos += 1
                 self.eof_sent.discard(tp)
             self.positions[tp] = pos
@@ -345,6 +359,14 @@ class StubProducer:
     pending: list[_Pending] = field(default_factory=list)
     buffer_errors: int = 0
     produced: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    # transactions (exactly-once routing): records and offsets of the open one, and errors
+    # the next commit_transaction calls raise (a KafkaError each)
+    transactional: bool = False
+    txn_records: list[StubRecord] = field(default_factory=list)
+    txn_offsets: list[tuple[str, TopicPartition]] = field(default_factory=list)
+    fail_commits: list[KafkaError] = field(default_factory=list)
+    commits: int = 0
+    aborts: int = 0
 
     def produce(self, topic: str, *args: Any, **kw: Any) -> None:
         # the client's positional order ("callback" and "on_delivery" are aliases)
@@ -370,7 +392,36 @@ class StubProducer:
             kw.get("timestamp"),
         )
         self.produced[topic] += 1
+        if self.transactional:
+            self.txn_records.append(rec)
         self.pending.append(_Pending(cb, rec, None))
+
+    def init_transactions(self, timeout: float = -1) -> None:
+        self.transactional = True
+
+    def begin_transaction(self) -> None:
+        assert self.transactional and not self.txn_records and not self.txn_offsets
+
+    def send_offsets_to_transaction(
+        self, positions: list[TopicPartition], group_metadata: Any, timeout: float = -1
+    ) -> None:
+        self.txn_offsets += [(str(group_metadata), tp) for tp in positions]
+
+    def commit_transaction(self, timeout: float = -1) -> None:
+        self.flush()
+        if self.fail_commits:
+            raise KafkaException(self.fail_commits.pop(0))
+        with self.broker.lock:
+            for group, tp in self.txn_offsets:
+                self.broker.committed[(group, tp.topic, tp.partition)] = tp.offset
+        self.txn_records, self.txn_offsets = [], []
+        self.commits += 1
+
+    def abort_transaction(self, timeout: float = -1) -> None:
+        for rec in self.txn_records:
+            rec.aborted = True
+        self.txn_records, self.txn_offsets = [], []
+        self.aborts += 1
 
     def poll(self, timeout: float = 0) -> int:
         if self.hold:

@@ -170,6 +170,12 @@ class Settings(BaseSettings):
     poll_timeout_s: float = Field(default=0.5, gt=0, le=10)
     max_abandoned_handlers: int = Field(default=8, ge=1)
     tier_prefetch_kbytes: int = Field(default=1024, ge=1)
+    # Exactly-once routing: routed copies and input offsets commit in one Kafka transaction
+    exactly_once: bool = False
+    transaction_interval_ms: int = Field(default=100, ge=10, le=60_000)
+    # Transactional id prefix; "" = retryd-<group_id>-<role>-<hostname>; the process slot
+    # (0 .. processes-1) is appended, so a restarted process fences its predecessor
+    transactional_id: str = Field(default="", max_length=200)
     state_dir: Path = Path("/tmp/retryd")
     # Topic provisioning
     replication_factor: int = Field(default=-1, ge=-1)

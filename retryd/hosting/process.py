@@ -36,8 +36,11 @@ EXIT_RUNTIME = 5
 RESTARTABLE = {EXIT_CRASH, EXIT_DELIVERY, EXIT_RUNTIME}
 
 
-def run_worker(settings: Settings, role: Role, *, until_drained: bool = False) -> int:
-    """Run until SIGTERM/SIGINT (or drained); return the process exit status."""
+def run_worker(
+    settings: Settings, role: Role, *, until_drained: bool = False, instance: int = 0
+) -> int:
+    """Run until SIGTERM/SIGINT (or drained); return the process exit status. ``instance`` is
+    the process slot under a supervisor (kept across restarts: the transactional id's end)."""
     from retryd.handlers.loader import load_handler
     from retryd.metrics.registry import mark_build_info
     from retryd.metrics.sink import PrometheusSink
@@ -51,7 +54,11 @@ def run_worker(settings: Settings, role: Role, *, until_drained: bool = False) -
             max_in_flight=settings.max_in_flight,
         )
         worker = build_worker(
-            settings, handler, role=role, sinks=[PrometheusSink(settings.plan.tier_topics)]
+            settings,
+            handler,
+            role=role,
+            sinks=[PrometheusSink(settings.plan.tier_topics)],
+            instance=instance,
         )
     except SetupError as exc:
         log.error("cannot start worker: %s", exc)
@@ -97,9 +104,11 @@ def tune_gc() -> None:
     gc.set_threshold(50_000, 50, 100)
 
 
-def child_main(settings: Settings, role: Role, until_drained: bool, log_level: str) -> None:
+def child_main(
+    settings: Settings, role: Role, until_drained: bool, log_level: str, instance: int = 0
+) -> None:
     """Entry point of a supervised child (spawned: a fresh interpreter)."""
     from retryd.runtime.logs import configure
 
     configure(log_level, settings.log_format.value)
-    sys.exit(run_worker(settings, role, until_drained=until_drained))
+    sys.exit(run_worker(settings, role, until_drained=until_drained, instance=instance))

@@ -67,17 +67,19 @@ def supervise(
     level = logging.getLevelName(logging.getLogger().getEffectiveLevel())
     stopping = False
     children: dict[int, tuple[BaseProcess, float]] = {}
-    restarts: list[float] = []  # monotonic times at which to start a replacement
+    slots: dict[int, int] = {}  # pid -> process slot (a replacement takes its predecessor's)
+    restarts: list[tuple[float, int]] = []  # (monotonic time to start a replacement, its slot)
     backoff = Backoff()
     worst = EXIT_OK
 
-    def start_one() -> None:
+    def start_one(slot: int) -> None:
         proc = ctx.Process(
-            target=child_main, args=(settings, role, False, level), name="retryd-worker"
+            target=child_main, args=(settings, role, False, level, slot), name="retryd-worker"
         )
         proc.start()
         assert proc.pid is not None
         children[proc.pid] = (proc, time.monotonic())
+        slots[proc.pid] = slot
         log.info("started worker process pid=%s role=%s", proc.pid, role)
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -90,15 +92,15 @@ def supervise(
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    for _ in range(processes):
-        start_one()
+    for slot in range(processes):
+        start_one(slot)
     while children or restarts:
         now = time.monotonic()
-        for due in [t for t in restarts if t <= now]:
+        for due in [r for r in restarts if r[0] <= now]:
             restarts.remove(due)
             if not stopping:
-                start_one()
-        timeout = 0.5 if not restarts else max(0.0, min(0.5, min(restarts) - now))
+                start_one(due[1])
+        timeout = 0.5 if not restarts else max(0.0, min(0.5, min(restarts)[0] - now))
         ready = wait([p.sentinel for p, _ in children.values()], timeout=timeout)
         if watch is not None and not stopping and not restarts and watch.check(children):
             log.info("all %d worker processes drained the group: stopping them", len(children))
@@ -108,6 +110,7 @@ def supervise(
                 continue
             proc.join()
             del children[pid]
+            slot = slots.pop(pid)
             _mark_dead(pid)
             remove_heartbeat(settings.state_dir, pid)  # gone: never judged stale later
             code = proc.exitcode if proc.exitcode is not None else 1
@@ -133,7 +136,7 @@ def supervise(
                 code,
                 delay,
             )
-            restarts.append(time.monotonic() + delay)
+            restarts.append((time.monotonic() + delay, slot))
     return worst
 
 

@@ -27,13 +27,18 @@ from retryd.kafka.clients import new_consumer, new_producer
 from retryd.policy.routing import RoutePlanner
 from retryd.runtime.heartbeat import HeartbeatWriter
 from retryd.worker.book import ConsumerLike, PartitionBook
-from retryd.worker.clients import worker_consumer_config, worker_producer_config
+from retryd.worker.clients import (
+    transactional_id,
+    worker_consumer_config,
+    worker_producer_config,
+)
 from retryd.worker.engine import Worker
 from retryd.worker.events import Events, Sink
 from retryd.worker.faults import Faults
 from retryd.worker.intake import Intake
 from retryd.worker.lag import LagReporter
 from retryd.worker.lifecycle import NO_HOOKS, Lifecycle, RaceHooks
+from retryd.worker.offsets import OffsetSink, StoredOffsets, TransactionalOffsets
 from retryd.worker.partition import PartitionState
 from retryd.worker.pools import LoopPool, Pool, ThreadPool
 from retryd.worker.router import ProducerLike, Router
@@ -60,6 +65,7 @@ class WorkerParts:
     topics: list[str]
     partition_counts: dict[str, int]
     consumer: ConsumerLike
+    offsets: OffsetSink
     book: PartitionBook
     scheduler: Scheduler
     lifecycle: Lifecycle
@@ -93,8 +99,10 @@ def build_worker(
     sinks: Sequence[Sink] = (),
     hooks: RaceHooks = NO_HOOKS,
     drain_grace_s: float = 1.0,
+    instance: int = 0,
 ) -> Worker:
-    """The worker for ``settings`` and ``handler``, with every part built and connected."""
+    """The worker for ``settings`` and ``handler``, with every part built and connected.
+    ``instance`` is the process slot (``--processes``): part of the transactional id."""
     role = role or settings.role
     topics = topics_for_role(settings, role)
     if not topics:
@@ -118,13 +126,31 @@ def build_worker(
     lag = LagReporter(events, owned)
     consumer = consumer_factory(worker_consumer_config(settings, role, lag.on_stats))
     counts = _check_topics(consumer, settings, topics)
-    book = PartitionBook(consumer, plan.tier_delays, owned)
+    offsets: OffsetSink
+    if settings.exactly_once:
+        txn_id = transactional_id(settings, role, instance)
+        producer = producer_factory(worker_producer_config(settings, txn_id))
+        txn = TransactionalOffsets(
+            producer,  # type: ignore[arg-type]
+            consumer,
+            settings.transaction_interval_ms / 1000,
+            faults,
+        )
+        txn.start()  # fences the previous instance of this transactional id
+        log.info("exactly-once routing: transactional id %s", txn_id)
+        offsets = txn
+    else:
+        producer = producer_factory(worker_producer_config(settings))
+        offsets = StoredOffsets(consumer)
+    book = PartitionBook(consumer, plan.tier_delays, owned, offsets)
     scheduler = Scheduler()
     lifecycle = Lifecycle(hooks)
     pool = _pool(settings, handler, scheduler, lifecycle, events)
-    router = Router(producer_factory(worker_producer_config(settings)), counts)
+    router = Router(producer, counts)
     planner = RoutePlanner(plan, settings.group_id)
-    settler = Settler(planner, book, router, lifecycle, faults)
+    settler = Settler(
+        planner, book, router, lifecycle, faults, exactly_once=settings.exactly_once
+    )
     intake = Intake(book, plan, settings.group_id, settings.ordering, settler, faults)
     return Worker(
         WorkerParts(
@@ -133,6 +159,7 @@ def build_worker(
             topics=topics,
             partition_counts=counts,
             consumer=consumer,
+            offsets=offsets,
             book=book,
             scheduler=scheduler,
             lifecycle=lifecycle,

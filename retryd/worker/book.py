@@ -16,8 +16,9 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka import KafkaException, TopicPartition
 
+from retryd.worker.offsets import Committed, OffsetSink, StoredOffsets
 from retryd.worker.partition import PAUSE_BACKLOG, PartitionState
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,10 @@ class ConsumerLike(Protocol):
 
     def list_topics(self, *args: Any, **kwargs: Any) -> Any: ...
 
+    def committed(self, partitions: list[TopicPartition], timeout: float = ...) -> Any: ...
+
+    def consumer_group_metadata(self) -> Any: ...
+
     def close(self) -> None: ...
 
 
@@ -56,8 +61,11 @@ class PartitionBook:
         consumer: ConsumerLike,
         tier_delays: Mapping[str, int],
         parts: dict[TP, PartitionState] | None = None,
+        offsets: OffsetSink | None = None,
     ) -> None:
         self.consumer = consumer
+        # where settled prefixes go: the consumer's offset store, or a transaction
+        self.offsets: OffsetSink = StoredOffsets(consumer) if offsets is None else offsets
         self.tier_delays = dict(tier_delays)
         # ``parts`` may be shared with a reader built before the consumer (the lag reporter)
         self.parts: dict[TP, PartitionState] = {} if parts is None else parts
@@ -92,6 +100,8 @@ class PartitionBook:
         return out
 
     def forget(self, states: Iterable[PartitionState]) -> None:
+        states = list(states)
+        self.offsets.forget([(st.topic, st.partition) for st in states])
         for st in states:
             self.parts.pop((st.topic, st.partition), None)
             topic = self.by_topic.get(st.topic)
@@ -149,29 +159,14 @@ class PartitionBook:
             if nxt is not None:
                 offsets.append(TopicPartition(st.topic, st.partition, nxt))
         if offsets:
-            try:
-                self.consumer.store_offsets(offsets=offsets)
-            except KafkaException as exc:
-                log.warning("storing offsets failed (partition no longer assigned?): %s", exc)
+            self.offsets.store(offsets)
         return len(offsets)
 
-    def commit_sync(self, states: Iterable[PartitionState] | None = None) -> None:
+    def commit_sync(self, states: Iterable[PartitionState] | None = None) -> Committed:
         """Commit synchronously: all stored offsets, or those of ``states`` only."""
-        try:
-            if states is None:
-                self.consumer.commit(asynchronous=False)
-                return
-            parts = [
-                TopicPartition(st.topic, st.partition, st.stored)
-                for st in states
-                if st.stored is not None and not st.lost
-            ]
-            if parts:
-                self.consumer.commit(offsets=parts, asynchronous=False)
-        except KafkaException as exc:
-            if exc.args and exc.args[0].code() == KafkaError._NO_OFFSET:
-                return  # nothing new to commit
-            log.warning("synchronous commit failed: %s", exc)
+        if states is None:
+            return self.offsets.commit()
+        return self.offsets.commit([(st.topic, st.partition) for st in states if not st.lost])
 
     # -------------------------------------------------------------- state
     def idle(self) -> bool:

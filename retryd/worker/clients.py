@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable
 from typing import Any
 
@@ -31,6 +32,11 @@ def worker_consumer_config(
         # 100 ms costs an idle consumer 10 small fetches a second per broker.
         "fetch.wait.max.ms": 100,
     }
+    if settings.exactly_once:
+        # Offsets are committed by the router's transactions, never by the consumer; every
+        # reader already defaults to read_committed, fixed here because exactly-once needs it.
+        tuning["enable.auto.commit"] = False
+        tuning["isolation.level"] = "read_committed"
     if role is Role.TIERS:
         tuning["queued.max.messages.kbytes"] = settings.tier_prefetch_kbytes
         tuning["fetch.max.bytes"] = max(1024 * 1024, settings.tier_prefetch_kbytes * 1024)
@@ -42,6 +48,22 @@ def worker_consumer_config(
     )
 
 
-def worker_producer_config(settings: Settings) -> dict[str, Any]:
-    """The router's producer: idempotent, acks=all (fixed), a short linger for batching."""
-    return producer_config(common_config(settings), "router", **{"linger.ms": 5})
+def worker_producer_config(
+    settings: Settings, transactional_id: str | None = None
+) -> dict[str, Any]:
+    """The router's producer: idempotent, acks=all (fixed), a short linger for batching;
+    transactional with exactly-once routing."""
+    conf = producer_config(common_config(settings), "router", **{"linger.ms": 5})
+    if transactional_id is not None:
+        conf["transactional.id"] = transactional_id
+    return conf
+
+
+def transactional_id(settings: Settings, role: Role, instance: int) -> str:
+    """Stable across restarts of the same process slot (the supervisor restarts a child in its
+    slot; a pod keeps its hostname in a StatefulSet), so ``init_transactions`` fences the
+    instance it replaces: that zombie's open transaction is aborted and it cannot commit."""
+    prefix = settings.transactional_id or (
+        f"retryd-{settings.group_id}-{role.value}-{socket.gethostname()}"
+    )
+    return f"{prefix}-{instance}"

@@ -25,6 +25,12 @@ Rebalance (``_release``), bounded in three steps:
    is committed. The other partitions keep running meanwhile.
 
 A lost partition (session timed out) is released at once: its results are discarded.
+
+Exactly-once routing (``retryd.worker.offsets``): copies are sent at each partition's settled
+frontier and committed with the input offsets in one transaction per
+``transaction_interval_ms``. When a transaction aborts (or an assignment is lost, whose copies
+must not be seen), the worker *rewinds*: every partition it owns is released and assigned
+again at its committed offset, so what the aborted transaction held is redone.
 """
 
 from __future__ import annotations
@@ -37,9 +43,10 @@ from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import KafkaException, TopicPartition
 
-from retryd.errors import HungHandlersError
+from retryd.errors import HungHandlersError, KafkaRuntimeError
 from retryd.worker.flow import flow_control
 from retryd.worker.loop_pool import ASYNC_CANCEL_GRACE_S
+from retryd.worker.offsets import Committed
 from retryd.worker.partition import PartitionState
 from retryd.worker.summary import RunSummary
 
@@ -79,6 +86,8 @@ class Worker:
         self.intake = parts.intake
         self.faults = parts.faults
         self._consumer = parts.consumer
+        self.offsets = parts.offsets
+        self._exactly_once = parts.offsets.exactly_once
         self._heartbeat = parts.heartbeat
         self._total_partitions = sum(parts.partition_counts[t] for t in parts.topics)
         self._stop = threading.Event()
@@ -179,7 +188,11 @@ class Worker:
         flow_control(
             self.book, s.partition_buffer, s.tier_buffer, s.buffer_bytes, self.router.blocked
         )
+        if self._exactly_once:
+            self.settler.route_frontier(self.book.parts.values())
         self.book.store()
+        if self.offsets.tick() is Committed.ABORTED:
+            self._rewind("transaction aborted")
         self._flush_stats(started)
         self._publish_gauges()
         hung = self.pool.hung
@@ -248,6 +261,8 @@ class Worker:
                 sum(st.running for st in states),
                 calls_bound,
             )
+        if self._exactly_once:
+            self.settler.route_frontier(states)
         remaining = self.router.flush(30)
         self._settle_once()
         if remaining:
@@ -258,7 +273,33 @@ class Worker:
         if discarded:
             log.info("%s: %d unfinished records left to the next owner", why, discarded)
         self.book.store(states)
-        self.book.commit_sync(states)
+        if self.book.commit_sync(states) is Committed.ABORTED and not self._closing:
+            # the partitions given up are redone by their next owner; the kept ones here
+            self._rewind("transaction aborted during a revoke", keep_out=states)
+
+    def _rewind(self, why: str, keep_out: list[PartitionState] | None = None) -> None:
+        """Exactly-once: start every owned partition (but ``keep_out``) again from its
+        committed offset. Everything held is discarded; calls still running are dropped when
+        they end (their assignment is over)."""
+        skip = {id(st) for st in keep_out or ()}
+        states = [st for st in self.book.parts.values() if id(st) not in skip]
+        if not states:
+            return
+        for st in states:
+            self.lifecycle.release(st)
+            self.intake.forget(st)
+        self.book.forget(states)
+        parts = [TopicPartition(st.topic, st.partition) for st in states]
+        try:
+            self._consumer.incremental_unassign(parts)
+            committed = self._consumer.committed(parts, timeout=30)
+            self.book.assign(committed)
+        except KafkaException as exc:
+            fault = KafkaRuntimeError(f"{why}: cannot rewind to the committed offsets: {exc}")
+            fault.__cause__ = exc
+            self.faults.set(fault)
+            return
+        log.warning("%s: %s rewound to their committed offsets", why, _fmt(parts))
 
     def _shutdown(self) -> None:
         try:
@@ -329,6 +370,11 @@ class Worker:
         )
         self.book.forget(states)
         self.events.forget([(st.topic, st.partition) for st in states])
+        if self._exactly_once:
+            # The open transaction may hold copies of the lost partitions, whose offsets can
+            # no longer be committed: abort it, and redo the kept partitions' share of it.
+            self.offsets.abort()
+            self._rewind("an assignment was lost")
 
     # ------------------------------------------------------------------ observability
     def _beat(self) -> None:

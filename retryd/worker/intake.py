@@ -210,7 +210,9 @@ class Intake:
             st = self.book.parts.get((topic, partition))
             if st is not None:
                 st.eof_at = offset
-                if st.position is None:
+                # Everything below the end was delivered: transaction markers and aborted
+                # records take offsets but are never handed over as records.
+                if st.position is None or offset > st.position:
                     st.position = offset
             return
         if err.fatal():

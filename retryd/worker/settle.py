@@ -8,6 +8,14 @@ acknowledgement of one changes nothing.
 
 A copy the broker refuses as too large is replaced by a dead letter without the payload
 (``too_large``); any other refusal stops the run with the input uncommitted.
+
+With ``exactly_once`` a copy is sent only at its partition's *settled frontier* (every lower
+offset settled: ``route_frontier``), and counts as settled as soon as it is sent: the
+transaction that carries it also carries its input's offset, so both become visible together
+or neither does. A copy sent above the frontier could be committed while its input is not, and
+be routed again by whoever redoes the input. A refused copy makes the transaction abort
+(``retryd.worker.offsets``); one refused as too large is remembered, so the redo dead-letters
+it as ``too_large`` instead of sending it again.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from collections.abc import Iterable
 
 from confluent_kafka import KafkaError
 
@@ -24,7 +33,8 @@ from retryd.policy.routing import Route, RoutePlanner, route_malformed
 from retryd.worker.book import PartitionBook
 from retryd.worker.events import BatchStats
 from retryd.worker.faults import Faults
-from retryd.worker.lifecycle import FAILED, Lifecycle
+from retryd.worker.lifecycle import ACKED, DISCARDED, FAILED, SKIPPED, SUCCEEDED, Lifecycle
+from retryd.worker.partition import PartitionState
 from retryd.worker.reading import readable_headers
 from retryd.worker.router import Router
 from retryd.worker.work import Work
@@ -32,6 +42,7 @@ from retryd.worker.work import Work
 log = logging.getLogger(__name__)
 
 TOO_LARGE_CODES = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE})
+OVERSIZE_MEMO = 1024  # exactly-once: inputs whose copy was refused as too large, remembered
 
 
 class Settler:
@@ -42,13 +53,18 @@ class Settler:
         router: Router,
         lifecycle: Lifecycle,
         faults: Faults,
+        *,
+        exactly_once: bool = False,
     ) -> None:
         self.planner = planner
         self.book = book
         self.router = router
         self.lifecycle = lifecycle
         self.faults = faults
+        self.exactly_once = exactly_once
         self.stats = BatchStats()
+        # (topic, partition, offset) -> (size, broker error) of copies refused as too large
+        self._oversize: dict[tuple[str, int, int], tuple[int, str]] = {}
 
     def settle(self, completions: deque[Work]) -> int:
         """Route every finished call that failed (successes settle on their slot); returns
@@ -105,9 +121,39 @@ class Settler:
         return route
 
     def route(self, w: Work, route: Route) -> None:
-        """Send ``w``'s routed copy; ``w`` settles on the acknowledgement. ``w`` is FAILED."""
+        """Send ``w``'s routed copy; ``w`` settles on the acknowledgement. ``w`` is FAILED.
+        Exactly-once: the copy waits on ``w`` until its partition's frontier reaches it."""
+        if self.exactly_once:
+            w.route = route
+            return
+        self._send(w, route)
+
+    def route_frontier(self, states: Iterable[PartitionState]) -> None:
+        """Exactly-once: send the planned copies of failed records that every lower offset
+        of their partition has settled before, and settle them at once (their transaction
+        commits them with their inputs' offsets, or aborts both)."""
+        stats = self.stats
+        for st in states:
+            for w in st.pending:
+                stage = w.stage
+                if stage is SUCCEEDED or stage is ACKED or stage is SKIPPED:
+                    continue
+                route = w.route
+                if stage is not FAILED or route is None:
+                    break
+                w.route = None
+                self._send(w, route)
+                if self.lifecycle.acked(w):
+                    self._count(stats, w, route)
+
+    def _send(self, w: Work, route: Route) -> None:
         if not self.lifecycle.route(w):
             return
+        if self._oversize:
+            seen = self._oversize.get((w.msg.topic, w.msg.partition, w.offset))
+            if seen is not None and route.dead_reason != DEAD_TOO_LARGE:
+                self._send_too_large(w, route, *seen)
+                return
         raw = w.raw
         if raw is not None:  # the client's record: no property hops on this path
             self.router.send(route, raw.key(), raw.value(), w.msg.partition, w)
@@ -134,8 +180,11 @@ class Settler:
         if target is not None and offset + 1 > target.known_end:
             target.known_end = offset + 1
         if not self.lifecycle.acked(w):
-            return  # discarded while its copy was in flight (a lost assignment)
-        stats = self.stats  # the current iteration's, not the one at send time
+            return  # discarded while its copy was in flight, or settled when sent (exactly-once)
+        self._count(self.stats, w, route)  # the current iteration's, not the send time's
+
+    @staticmethod
+    def _count(stats: BatchStats, w: Work, route: Route) -> None:
         reason = route.dead_reason
         if reason is None:
             stats.outcomes[(w.msg.topic, "retried")] += 1
@@ -145,23 +194,29 @@ class Settler:
 
     def _refused(self, w: Work, route: Route, err: KafkaError) -> None:
         """The copy could not be delivered. Too large: dead-letter an envelope instead.
-        Anything else: stop, leaving ``w``'s offset uncommitted."""
-        if err.code() in TOO_LARGE_CODES and route.dead_reason != DEAD_TOO_LARGE:
-            size = sum(len(v or b"") + len(k) for k, v in route.headers)
-            size += len(w.msg.value or b"") + len(w.msg.key or b"")
+        Anything else: stop, leaving ``w``'s offset uncommitted. Exactly-once: the transaction
+        aborts at its commit and the input is redone (a copy too large is remembered)."""
+        if w.stage is DISCARDED:
+            return  # its assignment was released (or rewound): its next run decides
+        too_large = err.code() in TOO_LARGE_CODES and route.dead_reason != DEAD_TOO_LARGE
+        size = sum(len(v or b"") + len(k) for k, v in route.headers)
+        size += len(w.msg.value or b"") + len(w.msg.key or b"")
+        if self.exactly_once:
             log.warning(
-                "%s: routed copy to %s is too large for the broker (%d bytes): dead-lettered "
-                "as %s without its payload",
+                "%s: routed copy to %s refused (%s): the transaction aborts and the input is "
+                "redone",
                 w.where,
                 route.topic,
-                size,
-                DEAD_TOO_LARGE,
+                err.str(),
             )
-            smaller = route_too_large(self.planner.plan, route, size, err.str())
-            key = w.msg.key
-            self.router.send(
-                smaller, key if key is None or len(key) <= 1024 else None, None, w.msg.partition, w
-            )
+            if too_large:
+                memo = self._oversize
+                if len(memo) >= OVERSIZE_MEMO:
+                    del memo[next(iter(memo))]
+                memo[(w.msg.topic, w.msg.partition, w.offset)] = (size, err.str())
+            return
+        if too_large:
+            self._send_too_large(w, route, size, err.str())
             return
         hint = ""
         if err.code() in TOO_LARGE_CODES:
@@ -175,6 +230,22 @@ class Settler:
         )
         log.error("%s", exc)
         self.faults.set(exc)
+
+    def _send_too_large(self, w: Work, route: Route, size: int, error: str) -> None:
+        """Replace ``w``'s copy by a dead letter without its payload (``too_large``)."""
+        log.warning(
+            "%s: routed copy to %s is too large for the broker (%d bytes): dead-lettered "
+            "as %s without its payload",
+            w.where,
+            route.topic,
+            size,
+            DEAD_TOO_LARGE,
+        )
+        smaller = route_too_large(self.planner.plan, route, size, error)
+        key = w.msg.key
+        self.router.send(
+            smaller, key if key is None or len(key) <= 1024 else None, None, w.msg.partition, w
+        )
 
     def take_stats(self) -> BatchStats:
         """This iteration's observations; a fresh accumulator starts."""

@@ -17,6 +17,7 @@ from retryd.worker.lifecycle import QUEUED, Stage
 
 if TYPE_CHECKING:
     from retryd.policy.headers import Envelope
+    from retryd.policy.routing import Route
     from retryd.worker.partition import PartitionState
 
 
@@ -31,6 +32,7 @@ class Work:
         "part",
         "raw",
         "result",
+        "route",
         "seconds",
         "size",
         "stage",
@@ -47,6 +49,7 @@ class Work:
     due: int  # tier records: effective due time (epoch ms); 0 on main topics
     size: int  # value bytes (buffer accounting)
     result: HandlerResult | None
+    route: Route | None  # exactly-once: the copy planned, sent once every lower offset settled
     seconds: float  # handler call duration
 
     @property
@@ -90,6 +93,7 @@ def new_work(raw: Any, topic: str, partition: int, offset: int, part: PartitionS
     w.attempt = 0
     w.next = None
     w.result = None
+    w.route = None
     return w
 
 
@@ -105,6 +109,7 @@ def work_of_message(message: Message, part: PartitionState) -> Work:
     w.attempt = 0
     w.next = None
     w.result = None
+    w.route = None
     w.size = 0
     w.lock = None
     return w

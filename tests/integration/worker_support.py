@@ -72,6 +72,7 @@ class Deployment:
             "RETRYD_STATE_DIR": str(s.state_dir),
             "RETRYD_MAX_IN_FLIGHT": str(s.max_in_flight),
             "RETRYD_ORDERING": s.ordering.value,
+            "RETRYD_EXACTLY_ONCE": str(s.exactly_once).lower(),
         }
 
     def spawn_worker(

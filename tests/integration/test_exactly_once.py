@@ -1,0 +1,162 @@
+"""Exactly-once routing on the real broker: routed copies and input offsets in one transaction.
+
+The SIGKILL loop is the proof: a worker killed between a copy's acknowledgement and the next
+offset commit redoes that input, so in the default (at-least-once) mode the copy exists twice;
+with ``exactly_once`` the killed worker's open transaction is aborted when its successor (the
+same transactional id) starts, and ``read_committed`` readers never see its copies. The same
+test runs in both modes: it must find duplicates in the default mode (so it can see them) and
+none in exactly-once mode.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+from retryd.policy import headers as h
+from tests.integration.worker_support import (
+    Deployment,
+    calls_for,
+    deployment,
+    stop_process,
+)
+from tests.support import ON_TANSU, produce, read_topic, unique, wait_for
+
+pytestmark = pytest.mark.skipif(ON_TANSU, reason="the embedded stand-in shows aborted data")
+
+
+def _ids(records: list) -> Counter[str]:
+    return Counter((r.key or b"").decode() for r in records)
+
+
+def _log_end(bootstrap: str, topic: str) -> int:
+    """High watermark of partition 0 (transaction markers take offsets too)."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("wm")})
+    try:
+        return int(c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)[1])
+    finally:
+        c.close()
+
+
+def _read_uncommitted(bootstrap: str, topic: str, expect: int) -> int:
+    """How many records a read_uncommitted reader sees (aborted ones included)."""
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": unique("ru"),
+            "isolation.level": "read_uncommitted",
+            "enable.partition.eof": True,
+        }
+    )
+    c.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+    seen = 0
+    deadline = time.monotonic() + 20
+    try:
+        while time.monotonic() < deadline:
+            msgs = c.consume(500, 0.2)
+            if any(m.error() for m in msgs) and seen >= expect:
+                break
+            seen += sum(1 for m in msgs if not m.error())
+    finally:
+        c.close()
+    return seen
+
+
+def test_copies_and_offsets_commit_in_transactions(bootstrap: str, tmp_path: Path) -> None:
+    dep = deployment(bootstrap, tmp_path, sequence="1s,1s", exactly_once=True)
+    dep.send(
+        [{"id": f"a{i}", "mode": "always"} for i in range(5)]
+        + [{"id": f"k{i}", "mode": "fail_k", "k": 1} for i in range(5)]
+        + [{"id": f"ok{i}", "mode": "ok"} for i in range(5)]
+    )
+
+    summary = dep.run()
+
+    dead = read_topic(bootstrap, dep.failed, expect=5)
+    assert _ids(dead) == Counter({f"a{i}": 1 for i in range(5)})
+    assert {r.header(h.DEAD_REASON) for r in dead} == {b"exhausted"}
+    tier = read_topic(bootstrap, dep.tier("1s"), expect=15)
+    # a0..a4 twice (retry 1 and 2), k0..k4 once: one copy per hop, no more
+    expected = {**{f"a{i}": 2 for i in range(5)}, **{f"k{i}": 1 for i in range(5)}}
+    assert _ids(tier) == Counter(expected)
+    assert [c["retry_number"] for c in calls_for("k0")] == [0, 1]
+    assert summary.total("dead") == 5 and summary.total("retried") == 15
+    # The copies were written in transactions: each commit adds a marker to the log, and a
+    # read_uncommitted reader sees no record a read_committed one does not (nothing aborted).
+    assert _log_end(bootstrap, dep.failed) > len(dead)
+    assert _read_uncommitted(bootstrap, dep.failed, len(dead)) == len(dead)
+    # the group's offsets were committed by the transactions (auto-commit is off)
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": dep.settings.group_id})
+    try:
+        [main] = c.committed([TopicPartition(dep.main, 0)], timeout=10)
+    finally:
+        c.close()
+    assert main.offset == 15
+
+
+def _sigkill_loop(dep: Deployment, tmp_path: Path, messages: int, kills: int) -> Counter[str]:
+    """Produce ``messages`` always-failing records while one worker process is SIGKILLed
+    ``kills`` times (restarted at once); returns the count of dead letters per id once every
+    id has one, after checking the tier copies too."""
+    rng = random.Random(7)
+    log = tmp_path / "calls.jsonl"
+    specs = [{"id": f"m{i}", "mode": "always"} for i in range(messages)]
+    records = [(s["id"].encode(), json.dumps(s).encode()) for s in specs]
+    proc = dep.spawn_worker(log)
+    try:
+        chunk = messages // (kills + 1)
+        for i in range(kills + 1):
+            produce(dep.bootstrap, dep.main, records[i * chunk : (i + 1) * chunk])
+            if i == 0:
+                wait_for(log.exists, 60, what="the worker to handle a first call")
+            if i == kills:
+                break
+            # let it route part of the chunk, then kill it mid-flight
+            time.sleep(rng.uniform(0.8, 1.6))  # the fault schedule's pace
+            assert proc.poll() is None, "the worker exited on its own"
+            proc.kill()
+            proc.wait(30)
+            proc = dep.spawn_worker(log)
+        produce(dep.bootstrap, dep.main, records[(kills + 1) * chunk :])
+
+        def all_dead() -> bool:
+            got = _ids(read_topic(dep.bootstrap, dep.failed, timeout=30))
+            return len(got) == messages
+
+        wait_for(all_dead, 240, interval=2, what=f"{messages} ids in failed_topic")
+        assert proc.poll() is None, "the worker exited on its own"
+    finally:
+        stop_process(proc)
+    dead = _ids(read_topic(dep.bootstrap, dep.failed, timeout=30))
+    tier = _ids(read_topic(dep.bootstrap, dep.tier("1s"), timeout=30))
+    assert set(tier) == set(dead) == {s["id"] for s in specs}  # nothing lost
+    return dead + tier
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("exactly_once", [False, True], ids=["default", "exactly_once"])
+def test_sigkill_loop_duplicate_copies(
+    bootstrap: str, tmp_path: Path, exactly_once: bool
+) -> None:
+    dep = deployment(
+        bootstrap,
+        tmp_path,
+        sequence="1s",
+        partitions=2,
+        exactly_once=exactly_once,
+        handler_timeout_s=5.0,
+    )
+    copies = _sigkill_loop(dep, tmp_path, messages=3000, kills=4)
+    duplicates = sum(n - 2 for n in copies.values() if n > 2)  # one tier copy + one dead letter
+    print(f"\nexactly_once={exactly_once}: {duplicates} duplicate copies over 4 SIGKILLs")
+    if exactly_once:
+        assert duplicates == 0, copies.most_common(5)
+    else:
+        # at-least-once: acknowledged copies whose inputs were not yet committed are redone
+        assert duplicates > 0, "the SIGKILL loop produced no duplicate in the default mode"

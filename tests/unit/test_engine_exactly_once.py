@@ -1,0 +1,120 @@
+"""Exactly-once routing on the stub broker: copies sent only at the settled frontier, offsets
+committed by transactions, an aborted transaction rewinds and redoes, a fenced producer ends
+the run. (The SIGKILL proof of zero duplicate copies runs on Apache Kafka:
+tests/integration/test_exactly_once.py.)"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from confluent_kafka import KafkaError
+
+from retryd.errors import KafkaRuntimeError
+from retryd.handlers.base import Message
+from tests.stub_kafka import StubBroker
+from tests.unit.test_engine_loop import GROUP, MAIN, make_worker
+
+
+def _live(broker: StubBroker, topic: str) -> list[bytes]:
+    """Keys of the records a read_committed reader sees."""
+    return [r.key or b"" for r in broker.records(topic) if not r.aborted]
+
+
+def test_a_copy_waits_until_every_lower_offset_settled(tmp_path: Path) -> None:
+    """Key a (offset 0) is slow and succeeds; key b (offset 1) fails at once. Sent before a
+    finished, b's copy could be committed while offset 1 is not: whoever redoes offset 1 would
+    route it again. It is sent only after a's call ended, and the offsets commit with it."""
+    broker = StubBroker()
+    a_done = threading.Event()
+    copy_sent_after_a: list[bool] = []
+
+    def handler(m: Message) -> None:
+        if m.key == b"a":
+            time.sleep(0.3)  # the slow call (a handler's own work, not synchronisation)
+            a_done.set()
+            return
+        if m.retry_number == 0:
+            raise RuntimeError("b fails once")
+
+    worker = make_worker(broker, tmp_path, handler, exactly_once=True, max_in_flight=4)
+    producer_append = broker.append
+
+    def watching_append(topic: str, *args: object, **kw: object) -> object:
+        if topic != MAIN:
+            copy_sent_after_a.append(a_done.is_set())
+        return producer_append(topic, *args, **kw)  # type: ignore[arg-type]
+
+    broker.append(MAIN, b"a", b"1")
+    broker.append(MAIN, b"b", b"2")
+    broker.append = watching_append  # type: ignore[method-assign]
+    worker.run(until_drained=True)
+
+    assert copy_sent_after_a == [True]
+    assert _live(broker, worker.settings.plan.tier_topics[0]) == [b"b"]
+    assert broker.committed_offset(GROUP, MAIN) == 2
+    [producer] = broker.producers
+    assert producer.transactional and producer.commits >= 1 and producer.aborts == 0
+
+
+def test_an_aborted_transaction_rewinds_and_redoes_its_inputs(tmp_path: Path) -> None:
+    broker = StubBroker()
+    calls: Counter[bytes] = Counter()
+    lock = threading.Lock()
+
+    def handler(m: Message) -> None:
+        with lock:
+            calls[m.key or b""] += 1
+        if m.retry_number == 0 and (m.key or b"").startswith(b"f"):
+            raise RuntimeError("fails once")
+
+    worker = make_worker(broker, tmp_path, handler, exactly_once=True)
+    [producer] = broker.producers
+    producer.fail_commits.append(
+        KafkaError(KafkaError._STATE, "coordinator lost the transaction", txn_requires_abort=True)
+    )
+    for i in range(20):
+        broker.append(MAIN, b"f%d" % i if i % 2 else b"s%d" % i, b"v")
+    worker.run(until_drained=True)
+
+    assert producer.aborts == 1 and producer.commits >= 1
+    tier = worker.settings.plan.tier_topics[0]
+    # the aborted transaction's copies are invisible; the redo routed each failure once
+    assert Counter(_live(broker, tier)) == Counter({b"f%d" % i: 1 for i in range(1, 20, 2)})
+    assert any(r.aborted for r in broker.records(tier))
+    # what the aborted transaction held was handled again (at-least-once for handler calls)
+    assert sum(calls.values()) > 20 + 10
+    assert broker.committed_offset(GROUP, MAIN) == 20
+    assert worker.summary.total("dead") == 0
+
+
+def test_a_fenced_producer_ends_the_run_without_committing(tmp_path: Path) -> None:
+    broker = StubBroker()
+
+    def handler(m: Message) -> None:
+        raise RuntimeError("always")
+
+    worker = make_worker(broker, tmp_path, handler, exactly_once=True)
+    [producer] = broker.producers
+    producer.fail_commits.append(KafkaError(KafkaError._FENCED, "fenced", fatal=True))
+    broker.append(MAIN, b"k", b"v")
+    with pytest.raises(KafkaRuntimeError, match="another instance"):
+        worker.run(until_drained=True)
+    assert broker.committed_offset(GROUP, MAIN) is None
+
+
+def test_exactly_once_turns_auto_commit_off_and_names_the_transaction(tmp_path: Path) -> None:
+    broker = StubBroker()
+    worker = make_worker(
+        broker, tmp_path, lambda m: None, exactly_once=True, transactional_id="orders-eu-1"
+    )
+    [consumer] = broker.consumers
+    [producer] = broker.producers
+    assert producer.conf["transactional.id"] == "orders-eu-1-0"
+    assert producer.conf["enable.idempotence"] is True and producer.conf["acks"] == "all"
+    assert consumer.conf["enable.auto.commit"] is False
+    assert consumer.conf["isolation.level"] == "read_committed"
+    worker.stop()
