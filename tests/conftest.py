@@ -21,13 +21,18 @@ from tests.support import TEST_BROKER, TEST_KAFKA_OVERRIDES
 
 
 def pytest_report_header(config: pytest.Config) -> str:
+    return f"broker: {broker_name()}"
+
+
+def broker_name() -> str:
+    """The broker the integration tests run on, as the test log names it."""
     if os.environ.get("RETRYD_TEST_BOOTSTRAP"):
-        return f"broker: external cluster at {os.environ['RETRYD_TEST_BOOTSTRAP']}"
+        return f"external cluster at {os.environ['RETRYD_TEST_BOOTSTRAP']}"
     if TEST_BROKER == "tansu":
-        return "broker: embedded Tansu (RETRYD_TEST_BROKER=tansu)"
+        return "embedded Tansu (RETRYD_TEST_BROKER=tansu)"
     from retryd.kafka.apache import resolve_version
 
-    return f"broker: Apache Kafka {resolve_version(None)} (KRaft, single node, from Maven Central)"
+    return f"Apache Kafka {resolve_version(None)} (KRaft, single node, from Maven Central)"
 
 
 @pytest.fixture(scope="session")

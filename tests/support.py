@@ -7,7 +7,8 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TypeVar
+from pathlib import Path
+from typing import Any, TypeVar
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -22,6 +23,21 @@ TEST_BROKER = os.environ.get("RETRYD_TEST_BROKER", "kafka").lower()
 TEST_KAFKA_OVERRIDES = {"group.min.session.timeout.ms": "1000"}
 TEST_SESSION_TIMEOUT_MS = 6000 if os.environ.get("RETRYD_TEST_BOOTSTRAP") else 2000
 ON_TANSU = TEST_BROKER == "tansu" and not os.environ.get("RETRYD_TEST_BOOTSTRAP")
+
+
+def dedicated_broker(log_file: Path, port: int | None = None, advertised: str | None = None) -> Any:
+    """A broker of the suite's kind for one test that stops, pauses or proxies it: Apache
+    Kafka (one KRaft node), or the embedded Tansu with ``RETRYD_TEST_BROKER=tansu``. Not
+    started; both have ``start()``, ``stop()``, ``pid`` and ``bootstrap``."""
+    if ON_TANSU:
+        from retryd.kafka.embedded import EmbeddedBroker
+
+        return EmbeddedBroker(port=port, log_file=log_file, advertised=advertised)
+    from retryd.kafka.apache import ApacheKafkaBroker
+
+    return ApacheKafkaBroker(
+        port=port, log_file=log_file, overrides=TEST_KAFKA_OVERRIDES, advertised=advertised
+    )
 
 
 def unique(prefix: str) -> str:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from retryd.kafka.embedded import EmbeddedBroker, free_port
+from retryd.kafka.embedded import free_port
 from tests.chaos.fleet import Proc
 from tests.chaos.ledger import make_plan
 from tests.chaos.load import PacedProducer
@@ -22,7 +22,7 @@ from tests.chaos.proxy import TcpProxy
 from tests.chaos.report import ChaosReport
 from tests.chaos.scale import MAX_RETRIES, Sizes
 from tests.chaos.scenario import start
-from tests.support import wait_for
+from tests.support import dedicated_broker, wait_for
 
 SETTLE_S = 900.0  # a child restarted with backoff after a long cut may wait up to a minute
 JOIN_S = 5.0
@@ -35,7 +35,7 @@ def proxied(tmp_path: Path) -> Iterator[TcpProxy]:
     connection, after bootstrap too, goes through the proxy."""
     port = free_port()
     proxy = TcpProxy(port).start()
-    broker = EmbeddedBroker(port=port, log_file=tmp_path / "tansu.log", advertised=proxy.address)
+    broker = dedicated_broker(tmp_path / "broker.log", port=port, advertised=proxy.address)
     try:
         broker.start()
         yield proxy

@@ -1,8 +1,9 @@
 """Readiness follows the broker and the worker heartbeats; liveness does not. Without a
 token, /readyz tells only the status and reason codes (no hosts, paths, PIDs, group ids).
 
-Uses its own embedded broker on a fixed port (stopped and restarted on that port), never the
-session broker (also when the suite runs against an external cluster).
+Uses its own broker of the suite's kind (``tests.support.dedicated_broker``: Apache Kafka by
+default) on a fixed port, stopped and restarted on that port; never the session broker (also
+when the suite runs against an external cluster).
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ from unittest import mock
 
 import httpx
 
-from retryd.kafka.embedded import EmbeddedBroker, free_port
+from retryd.kafka.embedded import free_port
 from retryd.runtime.heartbeat import HeartbeatWriter
 from tests.integration.sidecar_support import TOKEN, Env, SidecarProcess
-from tests.support import wait_for
+from tests.support import dedicated_broker, wait_for
 
 # A PID that does not exist here (above the kernel's pid_max limit of 2^22).
 FOREIGN_PID = 2**22 + 17
@@ -37,7 +38,7 @@ def _assert_public(resp: httpx.Response, env: Env, status: int, reasons: list[st
 
 def test_readiness_follows_broker_and_workers(tmp_path: Path) -> None:
     port = free_port()
-    broker = EmbeddedBroker(port=port, log_file=tmp_path / "tansu.log").start()
+    broker = dedicated_broker(tmp_path / "broker.log", port=port).start()
     env = Env(broker.bootstrap, tmp_path / "state", extra={"RETRYD_HEARTBEAT_STALE_S": "3"})
     sidecar = SidecarProcess(env, tmp_path / "sidecar.log")
     heartbeat = HeartbeatWriter(env.state_dir, "all", env.group, interval_s=0.2)
@@ -102,7 +103,7 @@ def test_readiness_follows_broker_and_workers(tmp_path: Path) -> None:
         _assert_public(_ready(sidecar.url, None), env, 503, ["broker_unreachable"])
         assert httpx.get(sidecar.url + "/healthz", timeout=5).status_code == 200
 
-        broker = EmbeddedBroker(port=port, log_file=tmp_path / "tansu.log").start()
+        broker = dedicated_broker(tmp_path / "broker.log", port=port).start()
         up = wait_for(lambda: beating_ready(200), 30, what="200 after the broker returned")
         assert up["broker"]["ok"] is True
         assert httpx.get(sidecar.url + "/healthz", timeout=5).status_code == 200

@@ -8,8 +8,8 @@ them again. Now shutdown waits for every copy's delivery report and ledger write
 the producers' delivery timeout) before it closes anything, so after the broker resumes every
 copy in the target topic has its ledger entry.
 
-Uses its own embedded broker (it is stopped and resumed), also when the suite runs against an
-external cluster.
+Uses its own broker of the suite's kind (``tests.support.dedicated_broker``: Apache Kafka by
+default), stopped and resumed, also when the suite runs against an external cluster.
 """
 
 from __future__ import annotations
@@ -21,16 +21,15 @@ import signal
 import subprocess
 from pathlib import Path
 
-from retryd.kafka.embedded import EmbeddedBroker
 from tests.integration.sidecar_support import Env, SidecarProcess, failed_headers, seed
-from tests.support import read_topic, wait_for
+from tests.support import dedicated_broker, read_topic, wait_for
 
 RECORDS = 4000
 STALL_S = 14  # longer than the 10 s the code as found waited for its jobs
 
 
 def test_shutdown_waits_for_copies_and_their_ledger_entries(tmp_path: Path) -> None:
-    broker = EmbeddedBroker(log_file=tmp_path / "tansu.log").start()
+    broker = dedicated_broker(tmp_path / "broker.log").start()
     stopped = False
     sidecar: SidecarProcess | None = None
     try:
