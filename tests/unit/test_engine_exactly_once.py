@@ -11,10 +11,12 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from retryd.errors import KafkaRuntimeError
 from retryd.handlers.base import Message
+from retryd.worker.faults import Faults
+from retryd.worker.offsets import MAX_ABORTS_IN_A_ROW, Committed, TransactionalOffsets
 from tests.stub_kafka import StubBroker
 from tests.unit.test_engine_loop import GROUP, MAIN, make_worker
 
@@ -118,3 +120,80 @@ def test_exactly_once_turns_auto_commit_off_and_names_the_transaction(tmp_path: 
     assert consumer.conf["enable.auto.commit"] is False
     assert consumer.conf["isolation.level"] == "read_committed"
     worker.stop()
+
+
+class _Txn:
+    """A transactional producer whose commits fail as told (pure logic of the sink)."""
+
+    def __init__(self, errors: list[KafkaError]) -> None:
+        self.errors = errors
+        self.calls: list[str] = []
+
+    def init_transactions(self, timeout: float = -1) -> None:
+        self.calls.append("init")
+
+    def begin_transaction(self) -> None:
+        self.calls.append("begin")
+
+    def send_offsets_to_transaction(
+        self, positions: list, meta: object, timeout: float = -1
+    ) -> None:
+        self.calls.append(f"offsets {[(p.topic, p.partition, p.offset) for p in positions]}")
+
+    def commit_transaction(self, timeout: float = -1) -> None:
+        if self.errors:
+            self.calls.append("commit failed")
+            raise KafkaException(self.errors.pop(0))
+        self.calls.append("commit")
+
+    def abort_transaction(self, timeout: float = -1) -> None:
+        self.calls.append("abort")
+
+
+class _Group:
+    def consumer_group_metadata(self) -> str:
+        return "meta"
+
+    def store_offsets(self, *args: object, **kwargs: object) -> None:
+        raise AssertionError("exactly-once never stores offsets in the consumer")
+
+    def commit(self, *args: object, **kwargs: object) -> None:
+        raise AssertionError("exactly-once never commits through the consumer")
+
+
+def _sink(errors: list[KafkaError]) -> tuple[TransactionalOffsets, _Txn, Faults]:
+    txn = _Txn(errors)
+    faults = Faults()
+    sink = TransactionalOffsets(txn, _Group(), 0.0, faults)
+    sink.start()
+    sink.store([TopicPartition("t", 0, 5)])
+    return sink, txn, faults
+
+
+def test_a_retriable_commit_error_is_retried_then_the_transaction_commits() -> None:
+    sink, txn, faults = _sink([KafkaError(KafkaError.REQUEST_TIMED_OUT, "slow", retriable=True)])
+    assert sink.commit() is Committed.DONE
+    assert txn.calls == [
+        "init",
+        "begin",
+        "offsets [('t', 0, 5)]",
+        "commit failed",
+        "commit",
+        "begin",
+    ]
+    assert not faults
+    assert sink.commit() is Committed.NOTHING
+
+
+def test_aborts_in_a_row_end_the_run() -> None:
+    abortable = KafkaError(KafkaError._STATE, "abort", txn_requires_abort=True)
+    sink, _txn, faults = _sink([abortable] * (MAX_ABORTS_IN_A_ROW + 1))
+    results = []
+    for i in range(MAX_ABORTS_IN_A_ROW + 1):
+        sink.store([TopicPartition("t", 0, 5 + i)])
+        results.append(sink.commit())
+    assert results == [Committed.ABORTED] * (MAX_ABORTS_IN_A_ROW + 1)
+    assert isinstance(faults.first, KafkaRuntimeError)
+    assert "aborted in a row" in str(faults.first)
+    sink.store([TopicPartition("t", 0, 99)])
+    assert sink.commit() is Committed.NOTHING
