@@ -412,8 +412,10 @@ class StubProducer:
         if self.fail_commits:
             raise KafkaException(self.fail_commits.pop(0))
         with self.broker.lock:
+            now = time.perf_counter()
             for group, tp in self.txn_offsets:
                 self.broker.committed[(group, tp.topic, tp.partition)] = tp.offset
+                self.broker.commit_log.append((now, group, tp.topic, tp.partition, tp.offset))
         self.txn_records, self.txn_offsets = [], []
         self.commits += 1
 

@@ -29,7 +29,7 @@ import os
 import tempfile
 import threading
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -70,6 +70,7 @@ class Run:
     outcomes: dict[tuple[int, int, int, int], str]  # (partition, offset, retry, member%2)
     durations_ms: list[int]
     events: list[tuple[int, str]]  # (after this many calls started, revoke|lost|restart)
+    exactly_once: bool = False  # copies and offsets in transactions (aborted copies unseen)
 
 
 @st.composite
@@ -98,7 +99,8 @@ def runs(draw: st.DrawFn) -> Run:
             max_size=3,
         )
     )
-    return Run(kind, partitions, keys, outcomes, durations, sorted(events))
+    exactly_once = draw(st.booleans())
+    return Run(kind, partitions, keys, outcomes, durations, sorted(events), exactly_once)
 
 
 @dataclass
@@ -224,6 +226,7 @@ class Group:
             max_in_flight=4,
             shutdown_timeout_s=5,
             failed_topic=FAILED,
+            exactly_once=self.run.exactly_once,
         )
         func = (
             self.rec.async_handler(index)
@@ -312,9 +315,19 @@ def _check(broker: StubBroker, run: Run, rec: Recorder, group: Group) -> None:
     # zero loss, one terminal place
     handled = {c.origin for c in calls if c.outcome == "ok" and c.end != float("inf")}
     dead: set[tuple[int, int]] = set()
-    for r in broker.records(FAILED):
-        hdrs = dict(r.headers)
-        dead.add((int(hdrs[h.ORIGINAL_PARTITION]), int(hdrs[h.ORIGINAL_OFFSET])))
+    copies: Counter[tuple[str, int, int, bytes | None]] = Counter()
+    for topic in (FAILED, TIER):
+        for r in broker.records(topic):
+            if r.aborted:
+                continue  # a read_committed reader never sees it
+            hdrs = dict(r.headers)
+            origin = (int(hdrs[h.ORIGINAL_PARTITION]), int(hdrs[h.ORIGINAL_OFFSET]))
+            copies[(topic, *origin, hdrs.get(h.RETRY_NUMBER))] += 1
+            if topic == FAILED:
+                dead.add(origin)
+    if run.exactly_once:  # whatever was redone, each copy exists once
+        twice = [k for k, n in copies.items() if n > 1]
+        assert not twice, f"exactly-once: copies seen twice: {twice[:5]}"
     every = {(p, o) for p in range(run.partitions) for o in range(n)}
     assert every <= handled | dead, f"lost: {sorted(every - handled - dead)}"
     # two places only for a record a later member redid, and only from the committed offset
