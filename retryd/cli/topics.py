@@ -39,6 +39,11 @@ PartitionsOption = typer.Option(
 ReplicationOption = typer.Option(
     None, "--replication-factor", help="Replication factor (-1 = broker default)"
 )
+MinInsyncOption = typer.Option(
+    None,
+    "--min-insync-replicas",
+    help="min.insync.replicas of retryd's topics (default: the broker's)",
+)
 TimeoutOption = typer.Option(30.0, "--timeout", help="Seconds to wait for the cluster")
 
 
@@ -49,6 +54,7 @@ def _settings(
     retry_sequence: str | None,
     tier_partitions: int | None,
     replication_factor: int | None,
+    min_insync_replicas: int | None,
 ) -> Settings:
     return settings_or_exit(
         config,
@@ -57,6 +63,7 @@ def _settings(
         retry_sequence=retry_sequence,
         tier_partitions=tier_partitions,
         replication_factor=replication_factor,
+        min_insync_replicas=min_insync_replicas,
     )
 
 
@@ -68,7 +75,8 @@ def _ms(value: int | None) -> str:
 
 def _table(title: str, states: list[TopicState]) -> Table:
     table = Table(title=title)
-    for column in ("topic", "kind", "delay", "partitions", "retention", "cleanup", "status"):
+    columns = ("topic", "kind", "delay", "partitions", "retention", "cleanup", "min ISR")
+    for column in (*columns, "status"):
         table.add_column(column)
     for st in states:
         actual = "-" if st.partitions is None else str(st.partitions)
@@ -79,6 +87,7 @@ def _table(title: str, states: list[TopicState]) -> Table:
             f"{actual} (plan {st.spec.partitions})",
             f"{_ms(st.retention_ms)} (plan {_ms(st.spec.retention_ms)})",
             st.cleanup_policy or "-",
+            f"{st.min_insync_replicas or '-'} (plan {st.spec.min_insync_replicas or 'broker'})",
             f"[{_STYLE[st.status]}]{st.status}[/]",
         )
     return table
@@ -103,13 +112,20 @@ def create(
     retry_sequence: str | None = SequenceOption,
     tier_partitions: int | None = PartitionsOption,
     replication_factor: int | None = ReplicationOption,
+    min_insync_replicas: int | None = MinInsyncOption,
     timeout: float = TimeoutOption,
 ) -> None:
     """Create missing topics (idempotent). Exits 1 if an existing topic is mis-sized."""
     from retryd.kafka.topics import create_topics, make_admin
 
     settings = _settings(
-        config, bootstrap_servers, main_topics, retry_sequence, tier_partitions, replication_factor
+        config,
+        bootstrap_servers,
+        main_topics,
+        retry_sequence,
+        tier_partitions,
+        replication_factor,
+        min_insync_replicas,
     )
     try:
         states = create_topics(settings, make_admin(settings), timeout_s=timeout)
@@ -132,13 +148,20 @@ def check(
     retry_sequence: str | None = SequenceOption,
     tier_partitions: int | None = PartitionsOption,
     replication_factor: int | None = ReplicationOption,
+    min_insync_replicas: int | None = MinInsyncOption,
     timeout: float = TimeoutOption,
 ) -> None:
     """Verify every topic exists with the planned shape. Exits 1 naming each problem."""
     from retryd.kafka.topics import inspect_topics, make_admin
 
     settings = _settings(
-        config, bootstrap_servers, main_topics, retry_sequence, tier_partitions, replication_factor
+        config,
+        bootstrap_servers,
+        main_topics,
+        retry_sequence,
+        tier_partitions,
+        replication_factor,
+        min_insync_replicas,
     )
     try:
         main_problems, states = inspect_topics(settings, make_admin(settings), timeout_s=timeout)

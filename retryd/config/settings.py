@@ -179,6 +179,8 @@ class Settings(BaseSettings):
     state_dir: Path = Path("/tmp/retryd")
     # Topic provisioning
     replication_factor: int = Field(default=-1, ge=-1)
+    # min.insync.replicas of the topics retryd creates; None = the broker's default
+    min_insync_replicas: int | None = Field(default=None, ge=1)
     tier_partitions: int | None = Field(default=None, ge=1)
     tier_retention_factor: int = Field(default=10, ge=2, le=1000)
     tier_min_retention_ms: int = Field(default=7 * 86_400_000, ge=60_000)
@@ -324,6 +326,12 @@ class Settings(BaseSettings):
             problems.append("session_timeout_ms must not exceed max_poll_interval_ms")
         if set(self.main_topics) & ({self.failed_topic, *self.plan_topics_or_empty()}):
             problems.append("main_topics must not include a tier topic or failed_topic")
+        isr, rf = self.min_insync_replicas, self.replication_factor
+        if isr is not None and rf > 0 and isr > rf:
+            problems.append(
+                f"min_insync_replicas={isr} exceeds replication_factor={rf}: every acks=all "
+                "write to retryd's topics would be refused"
+            )
         if (self.sidecar_tls_cert_file is None) != (self.sidecar_tls_key_file is None):
             problems.append(
                 "sidecar_tls_cert_file and sidecar_tls_key_file must be set together (TLS "

@@ -30,6 +30,7 @@ Status = Literal["created", "exists", "missing", "mis-sized", "ok"]
 LEDGER_PARTITIONS = 1
 RETENTION_MS = "retention.ms"
 CLEANUP_POLICY = "cleanup.policy"
+MIN_INSYNC = "min.insync.replicas"
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,11 @@ class TopicSpec:
         value = self.config.get(RETENTION_MS)
         return int(value) if value is not None else None
 
+    @property
+    def min_insync_replicas(self) -> int | None:
+        value = self.config.get(MIN_INSYNC)
+        return int(value) if value is not None else None
+
 
 @dataclass(frozen=True)
 class TopicState:
@@ -59,6 +65,7 @@ class TopicState:
     retention_ms: int | None = None  # actual; None when missing or not reported
     cleanup_policy: str | None = None
     problems: tuple[str, ...] = ()
+    min_insync_replicas: str | None = None  # actual, as the broker reports it
 
 
 def make_admin(settings: Settings) -> AdminClient:
@@ -110,14 +117,25 @@ def tier_partition_count(settings: Settings, existing: dict[str, int]) -> int:
 def _plan(settings: Settings, partitions: int) -> list[TopicSpec]:
     plan = settings.plan
     rf = settings.replication_factor
+    # Every topic retryd writes gets the same durability: a routed copy (acks=all) is only
+    # acknowledged once min.insync.replicas hold it, so its input may then be committed.
+    durability = (
+        {MIN_INSYNC: str(settings.min_insync_replicas)}
+        if settings.min_insync_replicas is not None
+        else {}
+    )
     specs = []
     for topic, delay in plan.tier_delays.items():
         retention = max(settings.tier_retention_factor * delay, settings.tier_min_retention_ms)
-        config = {RETENTION_MS: str(retention), CLEANUP_POLICY: "delete"}
+        config = {RETENTION_MS: str(retention), CLEANUP_POLICY: "delete", **durability}
         specs.append(TopicSpec(topic, "tier", partitions, rf, config, delay))
-    failed_config = {RETENTION_MS: str(settings.failed_retention_ms), CLEANUP_POLICY: "delete"}
+    failed_config = {
+        RETENTION_MS: str(settings.failed_retention_ms),
+        CLEANUP_POLICY: "delete",
+        **durability,
+    }
     specs.append(TopicSpec(settings.failed_topic, "failed", partitions, rf, failed_config))
-    ledger_config = {CLEANUP_POLICY: "compact"}
+    ledger_config = {CLEANUP_POLICY: "compact", **durability}
     specs.append(TopicSpec(settings.ledger_topic, "ledger", LEDGER_PARTITIONS, rf, ledger_config))
     return specs
 
@@ -221,6 +239,9 @@ def _inspect(spec: TopicSpec, partitions: int, config: dict[str, str | None]) ->
         ledger_problem = ledger_policy_problem(spec.name, policy)
         if ledger_problem is not None:
             problems.append(ledger_problem)
+    isr_problem = _min_insync_problem(spec, config.get(MIN_INSYNC))
+    if isr_problem is not None:
+        problems.append(isr_problem)
     return TopicState(
         spec,
         "mis-sized" if problems else "exists",
@@ -228,6 +249,21 @@ def _inspect(spec: TopicSpec, partitions: int, config: dict[str, str | None]) ->
         retention,
         policy,
         tuple(problems),
+        config.get(MIN_INSYNC),
+    )
+
+
+def _min_insync_problem(spec: TopicSpec, actual: str | None) -> str | None:
+    """Why an existing topic's ``min.insync.replicas`` differs from the plan, or None. Lower
+    means an acknowledged copy may sit on fewer replicas than planned; higher, that writes
+    are refused while fewer replicas are in sync than planned. Not judged when unplanned or
+    not reported."""
+    planned = spec.min_insync_replicas
+    if planned is None or actual in (None, "") or str(actual) == str(planned):
+        return None
+    return (
+        f"{spec.kind} topic {spec.name} has min.insync.replicas={actual}, planned {planned}: "
+        "retryd never reconfigures a topic (kafka-configs --alter, or recreate it)"
     )
 
 
@@ -334,6 +370,7 @@ def create_topics(
                     spec.partitions,
                     spec.retention_ms,
                     spec.config.get(CLEANUP_POLICY),
+                    min_insync_replicas=spec.config.get(MIN_INSYNC),
                 )
             )
         else:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +20,7 @@ from retryd.kafka.topics import (
     make_admin,
     partition_counts,
     plan_topics,
+    topic_configs,
 )
 from tests.support import create_topics as raw_create
 from tests.support import unique
@@ -216,3 +218,49 @@ def test_cli_unreachable_cluster_exits_1() -> None:
     assert out.returncode == 1
     assert "retryd: cannot list topics" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_cli_min_insync_replicas(bootstrap: str, main_topics: list[str]) -> None:
+    """Created with it on every topic, shown in the table, and a topic that differs (here:
+    the plan asks for 2 where the topics have 1) is a problem ``check`` names."""
+    group = unique("isr")
+    common = [
+        "-b",
+        bootstrap,
+        "--main-topics",
+        ",".join(main_topics),
+        "--retry-sequence",
+        "1s",
+    ]
+    env_names = {
+        "RETRYD_GROUP_ID": group,
+        "RETRYD_FAILED_TOPIC": f"{group}.failed",
+        "RETRYD_LEDGER_TOPIC": f"{group}.ledger",
+        "RETRYD_TIER_TEMPLATE": "{group}.retry_{delay}",
+    }
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RETRYD_")} | env_names
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*RETRYD, *args], capture_output=True, text=True, timeout=120, env=env, check=False
+        )
+
+    created = cli(
+        "topics", "create", *common, "--replication-factor", "1", "--min-insync-replicas", "1"
+    )
+    assert created.returncode == 0, created.stdout + created.stderr
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    names = [f"{group}.retry_1s", f"{group}.failed", f"{group}.ledger"]
+    configs = topic_configs(admin, names, 10)
+    assert {n: configs[n]["min.insync.replicas"] for n in names} == dict.fromkeys(names, "1")
+
+    refused = cli(
+        "topics", "check", *common, "--replication-factor", "1", "--min-insync-replicas", "2"
+    )
+    assert refused.returncode == 2
+    assert "min_insync_replicas=2 exceeds replication_factor=1" in refused.stderr
+
+    differs = cli("topics", "check", *common, "--min-insync-replicas", "2")
+    assert differs.returncode == 1
+    for name, kind in zip(names, ("tier", "failed", "ledger"), strict=True):
+        assert f"{kind} topic {name} has min.insync.replicas=1, planned 2" in differs.stdout
