@@ -57,6 +57,9 @@ class Router:
         self.inflight = 0  # produced, not yet acknowledged or failed
         self.produced_end: dict[tuple[str, int], int] = {}  # acknowledged copies, per partition
         self._backlog: deque[tuple[Route, bytes | None, bytes | None, int, Any]] = deque()
+        # contexts of backlogged copies handed to the producer since the settler last looked
+        # (exactly-once settles a copy when it enters the transaction, not on its report)
+        self.produced_late: deque[tuple[Any, Route]] = deque()
 
     @property
     def blocked(self) -> bool:
@@ -74,7 +77,8 @@ class Router:
         value: bytes | None,
         source_partition: int,
         context: Any,
-    ) -> None:
+    ) -> bool:
+        """Hand a copy to the producer; False when it waits in the backlog (queue full)."""
         count = self.partition_counts.get(route.topic)
         partition = (
             source_partition
@@ -83,6 +87,8 @@ class Router:
         )
         if self._backlog or not self._produce(route, key, value, partition, context):
             self._backlog.append((route, key, value, partition, context))
+            return False
+        return True
 
     def _produce(
         self, route: Route, key: bytes | None, value: bytes | None, partition: int, context: Any
@@ -130,7 +136,8 @@ class Router:
         self._producer.poll(0)
         backlog = self._backlog
         while backlog and self._produce(*backlog[0]):
-            backlog.popleft()
+            item = backlog.popleft()
+            self.produced_late.append((item[4], item[0]))
 
     def flush(self, timeout_s: float) -> int:
         """Wait for every acknowledgement (backlog included); returns copies still undelivered."""

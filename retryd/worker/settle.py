@@ -142,29 +142,36 @@ class Settler:
                 if stage is not FAILED or route is None:
                     break
                 w.route = None
-                self._send(w, route)
+                if not self._send(w, route):
+                    break  # waits in the router's backlog: settled once it is produced
                 if self.lifecycle.acked(w):
                     self._count(stats, w, route)
 
-    def _send(self, w: Work, route: Route) -> None:
+    def _send(self, w: Work, route: Route) -> bool:
+        """Route ``w``'s copy; False when it waits in the router's backlog (or ``w`` was
+        discarded)."""
         if not self.lifecycle.route(w):
-            return
+            return False
         if self._oversize:
             seen = self._oversize.get((w.msg.topic, w.msg.partition, w.offset))
             if seen is not None and route.dead_reason != DEAD_TOO_LARGE:
-                self._send_too_large(w, route, *seen)
-                return
+                return self._send_too_large(w, route, *seen)
         raw = w.raw
         if raw is not None:  # the client's record: no property hops on this path
-            self.router.send(route, raw.key(), raw.value(), w.msg.partition, w)
-        else:
-            msg = w.msg
-            self.router.send(route, msg.key, msg.value, msg.partition, w)
+            return self.router.send(route, raw.key(), raw.value(), w.msg.partition, w)
+        msg = w.msg
+        return self.router.send(route, msg.key, msg.value, msg.partition, w)
 
     def poll(self) -> None:
         """Serve the producer's delivery reports and settle what they say."""
         router = self.router
         router.poll()
+        late = router.produced_late
+        while late:  # backlogged copies now in the producer's queue
+            sent, route = late.popleft()
+            if self.exactly_once and self.lifecycle.acked(sent):
+                # in the open transaction, before any later copy of its partition: settled
+                self._count(self.stats, sent, route)
         reports = router.reports
         while reports:
             report = reports.popleft()
@@ -231,7 +238,7 @@ class Settler:
         log.error("%s", exc)
         self.faults.set(exc)
 
-    def _send_too_large(self, w: Work, route: Route, size: int, error: str) -> None:
+    def _send_too_large(self, w: Work, route: Route, size: int, error: str) -> bool:
         """Replace ``w``'s copy by a dead letter without its payload (``too_large``)."""
         log.warning(
             "%s: routed copy to %s is too large for the broker (%d bytes): dead-lettered "
@@ -243,7 +250,7 @@ class Settler:
         )
         smaller = route_too_large(self.planner.plan, route, size, error)
         key = w.msg.key
-        self.router.send(
+        return self.router.send(
             smaller, key if key is None or len(key) <= 1024 else None, None, w.msg.partition, w
         )
 

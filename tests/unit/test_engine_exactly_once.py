@@ -197,3 +197,49 @@ def test_aborts_in_a_row_end_the_run() -> None:
     assert "aborted in a row" in str(faults.first)
     sink.store([TopicPartition("t", 0, 99)])
     assert sink.commit() is Committed.NOTHING
+
+
+def test_copies_waiting_for_room_in_the_producer_are_committed_with_their_offsets(
+    tmp_path: Path,
+) -> None:
+    """A full producer queue puts copies in the router's backlog. Each must enter a
+    transaction no later than its input's offset: every commit is checked for a copy whose
+    input offset is not below the offsets it commits."""
+    from retryd.policy import headers as hdr
+
+    broker = StubBroker()
+
+    def handler(m: Message) -> None:
+        if m.retry_number == 0:
+            raise RuntimeError("fails once")
+
+    worker = make_worker(broker, tmp_path, handler, exactly_once=True, max_in_flight=8)
+    [producer] = broker.producers
+    producer.queue_limit = 1  # BufferError beyond one unreported copy
+    producer.hold = True  # and no report (no room) until the first commit flushes
+    commit = producer.commit_transaction
+    checked: list[int] = []
+
+    def checking_commit(timeout: float = -1) -> None:
+        committed = {tp.partition: tp.offset for _, tp in producer.txn_offsets if tp.topic == MAIN}
+        end = committed.get(0, broker.committed_offset(GROUP, MAIN) or 0)
+        for rec in producer.txn_records:
+            origin = int(dict(rec.headers)[hdr.ORIGINAL_OFFSET] or b"-1")
+            assert origin < end, f"copy of {origin} above the committed offset {end}"
+            checked.append(origin)
+        # every input below the offset committed now has its copy committed (now or before):
+        # an offset committed ahead of its copy loses the message if the worker dies here
+        missing = sorted(set(range(end)) - set(checked))
+        assert not missing, f"offset {end} committed before the copies of {missing[:5]}"
+        commit(timeout)
+
+    producer.commit_transaction = checking_commit  # type: ignore[method-assign]
+    for i in range(40):
+        broker.append(MAIN, b"k%d" % i, b"v")
+    worker.run(until_drained=True)
+
+    assert producer.buffer_errors > 0  # the backlog was used
+    assert sorted(checked) == list(range(40))
+    tier = worker.settings.plan.tier_topics[0]
+    assert Counter(_live(broker, tier)) == Counter({b"k%d" % i: 1 for i in range(40)})
+    assert broker.committed_offset(GROUP, MAIN) == 40
