@@ -8,6 +8,10 @@ reads each one's commit from the archive's state (``_retryd_archive/commits/N.js
 micro-batch that archived it) and archived after; then medians and maxima.
 
     python bench/bench_continuous.py [--trigger 2s] [--records 10]
+
+The broker is the benchmarks' default: Apache Kafka, one KRaft node (``RETRYD_BENCH_BROKER=tansu``
+for the embedded Tansu, ``--bootstrap`` / ``RETRYD_TEST_BOOTSTRAP`` for an existing cluster).
+Results go to ``bench/results/continuous-<broker>-<time>.json``.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import sys
 import tempfile
 import time
 import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 
 from confluent_kafka import Producer
@@ -30,6 +35,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench import harness as h  # noqa: E402
 from retryd.policy.headers import Envelope, routed_headers  # noqa: E402
 from retryd.policy.timespec import parse_duration  # noqa: E402
 
@@ -55,13 +61,16 @@ def main() -> int:
     parser.add_argument("--trigger", default="2s")
     parser.add_argument("--records", type=int, default=10)
     parser.add_argument("--bootstrap", default=os.environ.get("RETRYD_TEST_BOOTSTRAP"))
+    parser.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args()
+    if args.bootstrap:
+        os.environ["RETRYD_TEST_BOOTSTRAP"] = args.bootstrap
+    with h.broker() as bootstrap:
+        return measure(args, bootstrap)
+
+
+def measure(args: argparse.Namespace, bootstrap: str) -> int:
     trigger_s = parse_duration(args.trigger) / 1000
-
-    from retryd.kafka.embedded import EmbeddedBroker
-
-    broker = None if args.bootstrap else EmbeddedBroker().start()
-    bootstrap = args.bootstrap or broker.bootstrap  # type: ignore[union-attr]
     work = Path(tempfile.mkdtemp(prefix="retryd-continuous-"))
     out, log = work / "archive", (work / "cli.log").open("wb")
     topic = f"bench-cont-{uuid.uuid4().hex[:8]}"
@@ -116,13 +125,30 @@ def main() -> int:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(60)
         log.close()
-        if broker is not None:
-            broker.stop()
     print(
         f"\ntrigger {trigger_s:g}s, {len(archived)} records: picked up after median "
         f"{statistics.median(picked):.2f}s (max {max(picked):.2f}s), archived after median "
         f"{statistics.median(archived):.2f}s (max {max(archived):.2f}s)"
     )
+    broker = h.broker_info()
+    result = {
+        "when": datetime.now(UTC).isoformat(timespec="seconds"),
+        "broker": broker,
+        "trigger_s": trigger_s,
+        "records": len(archived),
+        "picked_up_s": [round(x, 3) for x in picked],
+        "archived_s": [round(x, 3) for x in archived],
+        "picked_up_median_s": round(statistics.median(picked), 3),
+        "picked_up_max_s": round(max(picked), 3),
+        "archived_median_s": round(statistics.median(archived), 3),
+        "archived_max_s": round(max(archived), 3),
+        "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
+    }
+    if not args.no_write:
+        folder = ROOT / "bench" / "results"
+        out = folder / f"continuous-{broker['kind']}-{datetime.now(UTC):%Y%m%dT%H%M%SZ}.json"
+        out.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"results written to {out}")
     return 0
 
 

@@ -5,11 +5,16 @@ confluent-kafka loops measured in the same run, reported as ratios.
     python bench/bench_worker.py --quick         # seconds: checks the harness, not the numbers
     python bench/bench_worker.py --only success,routing --repeat 5
 
-Each scenario runs on a fresh embedded broker (or ``RETRYD_TEST_BOOTSTRAP``). retryd throughput
+Each scenario runs on a fresh broker: Apache Kafka, one KRaft node (``retryd.kafka.apache``,
+its default version), with the JVM settings of Kafka's start scripts; ``RETRYD_BENCH_BROKER=tansu``
+for the embedded Tansu, ``RETRYD_TEST_BOOTSTRAP`` for an existing cluster. retryd throughput
 is read from the worker's own metric files (``retryd_messages_total``), the way a dashboard
 sees it, from the first record counted to the N-th; raw loops time first record to N-th done.
-So group joins never count. Results go to ``bench/results/worker.json`` and the worker section
-of ``BENCHMARKS.md``.
+So group joins never count. Results go to ``bench/results/worker-<broker>.json`` and the worker
+table of that broker in ``BENCHMARKS.md``.
+
+``routing`` measures default routing and routing with ``exactly_once`` in the same run, on the
+same topic, after the same raw loop: three rows (each vs raw, and exactly-once vs default).
 """
 
 from __future__ import annotations
@@ -64,17 +69,29 @@ class Run:
         )
 
 
-def _throughput(run: Run, cli: h.Cli, topic: str, outcome: str, n: int, *args: str) -> dict:
+def _throughput(
+    run: Run, cli: h.Cli, topic: str, outcome: str, n: int, *args: str, committed: bool = False
+) -> dict:
+    """Throughput from the worker's metrics, first counted record to the n-th. With
+    ``committed``, also the seconds until the group's committed offsets on ``topic`` cover
+    all n records (the input side of a routed copy made durable)."""
     proc = cli.start(*args)
     metrics = h.Metrics(cli.state_dir)
+    commit_s = None
     try:
         elapsed = h.time_until(lambda: metrics.messages(topic, outcome), n, proc, timeout_s=900)
+        if committed:
+            first = time.monotonic() - elapsed
+            h.wait_committed(cli.bootstrap, cli.group, topic, PARTITIONS, n, proc, timeout_s=120)
+            commit_s = time.monotonic() - first
         rss = h.peak_rss_mb(proc.pid) if not args else None
     finally:
         code = h.stop(proc)
     if code != 0:
         raise SystemExit(f"retryd worker exited with {code} (see {cli.log})")
     out = {"seconds": elapsed, "msgs_per_s": n / elapsed}
+    if commit_s is not None:
+        out["committed_seconds"] = commit_s
     if rss is not None:
         out["rss_mb"] = rss
     return out
@@ -92,7 +109,7 @@ def _main_topic(bootstrap: str, n: int, keys: int) -> str:
 # ------------------------------------------------------------------ scenarios
 def success(run: Run, n: int) -> dict:
     """Success path: no-op sync handler vs raw consume + store_offsets per message."""
-    with h.broker() as b:
+    with h.broker(run.quick) as b:
         topic = _main_topic(b, n, 50_000)
         raw = h.run_child("raw", b, topic, str(n))
         cli = run.cli(b, topic, "python:bench.handlers:noop")
@@ -109,7 +126,7 @@ def success(run: Run, n: int) -> dict:
 def scale(run: Run, n: int) -> dict:
     """``--processes 2`` vs 1 on 6 partitions, with CPU-bound business code (~50 µs of Python
     per record), so the figure is retryd's scaling, not the broker's ceiling."""
-    with h.broker() as b:
+    with h.broker(run.quick) as b:
         topic = _main_topic(b, n, 50_000)
         cli = run.cli(b, topic, "python:bench.handlers:burn")
         cli.topics_create()
@@ -126,17 +143,39 @@ def scale(run: Run, n: int) -> dict:
     return {"one": one, "two": two, "scale_2v1": two["msgs_per_s"] / one["msgs_per_s"]}
 
 
-def routing(run: Run, n: int) -> dict:
+ROUTING_VARIANTS = {"default": {}, "exactly_once": {"RETRYD_EXACTLY_ONCE": "true"}}
+
+
+def routing(run: Run, n: int, turn: int = 0) -> dict:
     """Every message fails once: routed to the first tier (acks=all) vs raw consume ->
-    produce with headers -> store on delivery."""
-    with h.broker() as b:
+    produce with headers -> store on delivery; then the same with ``exactly_once`` (copies and
+    input offsets in one transaction every ``transaction_interval_ms``). One topic, in one
+    run: the raw loop first, then both retryd runs in turns (which one goes first alternates
+    with ``turn``). Each retryd run has its own group and its own tiers (tier template
+    ``{group}.retry_{delay}``), so neither reads the other's copies."""
+    with h.broker(run.quick) as b:
         topic = _main_topic(b, n, 50_000)
         h.create_topics(b, [f"{topic}.raw-tier"], PARTITIONS)
         raw = h.run_child("raw_route", b, topic, str(n))
-        cli = run.cli(b, topic, "python:bench.handlers:fail_first")
-        cli.topics_create()
-        got = _throughput(run, cli, topic, "retried", n)
-    return {"raw": raw, "retryd": got, "ratio": got["msgs_per_s"] / raw["msgs_per_s"]}
+        order = list(ROUTING_VARIANTS)
+        if turn % 2:
+            order.reverse()
+        got: dict[str, dict] = {}
+        for variant in order:
+            env = {"RETRYD_TIER_TEMPLATE": "{group}.retry_{delay}", **ROUTING_VARIANTS[variant]}
+            cli = run.cli(b, topic, "python:bench.handlers:fail_first", **env)
+            cli.topics_create()
+            got[variant] = _throughput(run, cli, topic, "retried", n, committed=True)
+    default, eos = got["default"], got["exactly_once"]
+    return {
+        "raw": raw,
+        "retryd": default,
+        "retryd_exactly_once": eos,
+        "order": order,
+        "ratio": default["msgs_per_s"] / raw["msgs_per_s"],
+        "eos_ratio": eos["msgs_per_s"] / raw["msgs_per_s"],
+        "eos_vs_default": eos["msgs_per_s"] / default["msgs_per_s"],
+    }
 
 
 def _concurrent(run: Run, n: int, handler: Callable[[int], str]) -> dict:
@@ -152,7 +191,7 @@ def _concurrent(run: Run, n: int, handler: Callable[[int], str]) -> dict:
     try:
         assert server.stdout is not None
         server.stdout.readline()  # "ready"
-        with h.broker() as b:
+        with h.broker(run.quick) as b:
             topic = _main_topic(b, n, 200)
             cli = run.cli(b, topic, handler(port), RETRYD_MAX_IN_FLIGHT=str(in_flight))
             cli.topics_create()
@@ -176,7 +215,7 @@ def lateness(run: Run, n: int) -> dict:
     lateness = handler call start minus retry_timestamp."""
     rate = 2000.0 if not run.quick else 500.0
     samples_file = run.scratch / f"lateness-{uuid.uuid4().hex[:6]}.txt"
-    with h.broker() as b:
+    with h.broker(run.quick) as b:
         topic = f"bench-{uuid.uuid4().hex[:8]}"
         h.create_topics(b, [topic], PARTITIONS)
         cli = run.cli(
@@ -251,7 +290,7 @@ def memory(run: Run, n_small: int, n_big: int) -> dict:
     """Peak RSS of a worker facing n_big vs n_small not-yet-due records in a tier."""
     out = {}
     for label, n in (("small", n_small), ("big", n_big)):
-        with h.broker() as b:
+        with h.broker(run.quick) as b:
             topic = f"bench-{uuid.uuid4().hex[:8]}"
             h.create_topics(b, [topic], PARTITIONS)
             cli = run.cli(b, topic, "python:bench.handlers:noop")
@@ -274,25 +313,66 @@ def memory(run: Run, n_small: int, n_big: int) -> dict:
 
 
 # ------------------------------------------------------------------ report
-TARGETS = {
-    "success": ("success path, default settings vs raw consume + store", "ratio", ">=", 0.85),
+# row -> (scenario, figure, key in the scenario's result, comparison, target or None)
+TARGETS: dict[str, tuple[str, str, str, str, float | None]] = {
+    "success": (
+        "success",
+        "success path, default settings vs raw consume + store",
+        "ratio",
+        ">=",
+        0.85,
+    ),
     "routing": (
+        "routing",
         "routing, every message fails once vs raw consume → produce → store on delivery",
         "ratio",
         ">=",
         0.80,
     ),
+    "routing_eos": (
+        "routing",
+        "routing with exactly_once (same run) vs the same raw loop",
+        "eos_ratio",
+        ">=",
+        None,
+    ),
+    "routing_eos_cost": (
+        "routing",
+        "routing with exactly_once vs default routing (same run): the cost of exactly-once",
+        "eos_vs_default",
+        ">=",
+        None,
+    ),
     "http": (
+        "http",
         "HTTP handler 20 ms, 200 keys, 1 process, max_in_flight=64 vs 64/20ms",
         "ratio",
         ">=",
         0.70,
     ),
-    "async": ("async def handler awaiting 20 ms, same shape vs 64/20ms", "ratio", ">=", 0.80),
-    "lateness_p50": ("due lateness p50 (ms), tiers 2s/5s/10s", "p50_ms", "<=", 50),
-    "lateness_p99": ("due lateness p99 (ms), tiers 2s/5s/10s", "p99_ms", "<=", 250),
-    "memory": ("peak RSS, 1,000,000 vs 10,000 not-yet-due tier records", "ratio", "<=", 1.10),
-    "scale": ("2 processes vs 1, 6 partitions, ~50 µs of CPU per record", "scale_2v1", ">=", 1.7),
+    "async": (
+        "async",
+        "async def handler awaiting 20 ms, same shape vs 64/20ms",
+        "ratio",
+        ">=",
+        0.80,
+    ),
+    "lateness_p50": ("lateness", "due lateness p50 (ms), tiers 2s/5s/10s", "p50_ms", "<=", 50),
+    "lateness_p99": ("lateness", "due lateness p99 (ms), tiers 2s/5s/10s", "p99_ms", "<=", 250),
+    "memory": (
+        "memory",
+        "peak RSS, 1,000,000 vs 10,000 not-yet-due tier records",
+        "ratio",
+        "<=",
+        1.10,
+    ),
+    "scale": (
+        "scale",
+        "2 processes vs 1, 6 partitions, ~50 µs of CPU per record",
+        "scale_2v1",
+        ">=",
+        1.7,
+    ),
 }
 
 
@@ -302,18 +382,19 @@ def _median(runs: list[dict], key: str) -> float:
 
 def summarize(results: dict[str, list[dict]]) -> list[dict]:
     rows = []
-    for name, (label, key, op, target) in TARGETS.items():
-        source = {"lateness_p50": "lateness", "lateness_p99": "lateness"}.get(name, name)
+    for name, (source, label, key, op, target) in TARGETS.items():
         runs = results.get(source)
         if not runs:
             continue
         value = _median(runs, key)
-        met = value >= target if op == ">=" else value <= target
+        met: bool | None = None
+        if target is not None:
+            met = value >= target if op == ">=" else value <= target
         rows.append(
             {
                 "row": name,
                 "figure": label,
-                "target": f"{op} {target}",
+                "target": f"{op} {target}" if target is not None else "-",
                 "measured": round(value, 3),
                 "runs": [round(r[key], 3) for r in runs],
                 "met": met,
@@ -322,38 +403,49 @@ def summarize(results: dict[str, list[dict]]) -> list[dict]:
     return rows
 
 
+def _met(row: dict) -> str:
+    return "-" if row["met"] is None else ("met" if row["met"] else "not met")
+
+
 def _version(v: Any) -> str:
     """confluent-kafka's version(): a string in some releases, (string, int) in others."""
     return str(v[0] if isinstance(v, tuple) else v)
 
 
-def machine() -> dict[str, Any]:
+def machine(quick: bool = False) -> dict[str, Any]:
     import confluent_kafka
 
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
     ).stdout.strip()
+    load = os.getloadavg()
     return {
         "cpus": os.cpu_count(),
         "platform": platform.platform(),
         "python": platform.python_version(),
         "confluent_kafka": _version(confluent_kafka.version()),
         "librdkafka": confluent_kafka.libversion()[0],
-        "broker": "external" if os.environ.get("RETRYD_TEST_BOOTSTRAP") else "embedded Tansu",
+        "broker": h.broker_info(quick),
         "retryd_commit": commit,
+        "load_average_at_end": [round(x, 2) for x in load],
     }
 
 
 def write_markdown(rows: list[dict], info: dict[str, Any], params: dict[str, Any]) -> None:
+    """The worker table of this broker kind between its markers in BENCHMARKS.md (each broker
+    has its own block, so a run on one never overwrites the other's numbers)."""
     path = ROOT / "BENCHMARKS.md"
-    begin, end = "<!-- worker:begin -->", "<!-- worker:end -->"
+    broker = info["broker"]
+    begin, end = f"<!-- worker:{broker['kind']}:begin -->", f"<!-- worker:{broker['kind']}:end -->"
+    flags = f" (JVM: `{' '.join(broker['jvm_flags'])}`)" if broker.get("jvm_flags") else ""
     lines = [
         begin,
-        "## Worker (`bench/bench_worker.py`)",
+        f"### Worker on {broker['label']}",
         "",
         f"Machine: {info['cpus']} CPUs, {info['platform']}, Python {info['python']}, "
         f"confluent-kafka {info['confluent_kafka']} (librdkafka {info['librdkafka']}), "
-        f"broker: {info['broker']}, retryd {info['retryd_commit']}.",
+        f"broker: {broker['label']}{flags}, retryd {info['retryd_commit']}, "
+        f"load average at the end {', '.join(str(x) for x in info['load_average_at_end'])}.",
         f"Settings: `retryd worker` CLI defaults (max_in_flight=16, ordering=key, batch_size=500, "
         f"multiprocess metrics on) except where a row says otherwise; {PARTITIONS} partitions, "
         f"{VALUE_BYTES}-byte values; N = {params['n']} (success, routing), {params['n_http']} "
@@ -366,10 +458,7 @@ def write_markdown(rows: list[dict], info: dict[str, Any], params: dict[str, Any
     ]
     for r in rows:
         runs = ", ".join(str(x) for x in r["runs"])
-        lines.append(
-            f"| {r['figure']} | {r['target']} | {r['measured']} | {runs} | "
-            f"{'met' if r['met'] else 'not met'} |"
-        )
+        lines.append(f"| {r['figure']} | {r['target']} | {r['measured']} | {runs} | {_met(r)} |")
     lines.append(end)
     block = "\n".join(lines)
     text = path.read_text() if path.exists() else "# Benchmarks\n\n"
@@ -430,7 +519,7 @@ def main() -> None:
                 if name == "success":
                     res = success(run, params["n"])
                 elif name == "routing":
-                    res = routing(run, params["n"])
+                    res = routing(run, params["n"], i)
                 elif name == "http":
                     res = http(run, params["n_http"])
                 elif name == "async":
@@ -444,16 +533,16 @@ def main() -> None:
                 print(f"  {json.dumps(res)}", file=sys.stderr)
                 results.setdefault(name, []).append(res)
     rows = summarize(results)
-    info = machine()
+    info = machine(quick)
     for r in rows:
         print(
             f"{r['row']:14s} {r['measured']:>9} (target {r['target']}) "
-            f"{'met' if r['met'] else 'NOT MET'}  runs={r['runs']}"
+            f"{_met(r).upper() if r['met'] is False else _met(r)}  runs={r['runs']}"
         )
     report = {"quick": quick, "params": params, "machine": info, "rows": rows, "results": results}
     print(json.dumps({"rows": rows}))
     if not args.no_write and not quick:
-        out = ROOT / "bench" / "results" / "worker.json"
+        out = ROOT / "bench" / "results" / f"worker-{info['broker']['kind']}.json"
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(report, indent=2))
         write_markdown(rows, info, params)

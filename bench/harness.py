@@ -20,16 +20,72 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@contextmanager
-def broker() -> Iterator[str]:
-    """A fresh embedded broker (or ``RETRYD_TEST_BOOTSTRAP``): scenarios never share tiers."""
-    external = os.environ.get("RETRYD_TEST_BOOTSTRAP")
-    if external:
-        yield external
-        return
-    from retryd.kafka.embedded import EmbeddedBroker
+BROKER_ENV = "RETRYD_BENCH_BROKER"
 
-    b = EmbeddedBroker().start()
+
+def broker_kind() -> str:
+    """``kafka`` (Apache Kafka, the default), ``tansu`` (``RETRYD_BENCH_BROKER=tansu``: the
+    embedded stand-in the first benchmarks ran on) or ``external`` (``RETRYD_TEST_BOOTSTRAP``)."""
+    if os.environ.get("RETRYD_TEST_BOOTSTRAP"):
+        return "external"
+    kind = os.environ.get(BROKER_ENV, "kafka").strip().lower()
+    if kind in ("kafka", "apache", "apache-kafka"):
+        return "kafka"
+    if kind == "tansu":
+        return "tansu"
+    raise SystemExit(f"{BROKER_ENV}={kind!r}: expected kafka or tansu")
+
+
+def tansu_version() -> str:
+    from retryd.kafka.embedded import tansu_binary
+
+    out = subprocess.run(
+        [str(tansu_binary()), "--version"], capture_output=True, text=True, check=False
+    ).stdout.split()
+    return out[-1] if out else "unknown"
+
+
+def broker_info(quick: bool = False) -> dict[str, Any]:
+    """What the results were measured on: recorded in every result file and table."""
+    kind = broker_kind()
+    if kind == "external":
+        where = os.environ["RETRYD_TEST_BOOTSTRAP"]
+        return {"kind": kind, "version": "unknown", "label": f"external cluster at {where}"}
+    if kind == "tansu":
+        version = tansu_version()
+        return {"kind": kind, "version": version, "label": f"embedded Tansu {version}"}
+    from retryd.kafka.apache import JVM_FLAGS, SERVER_JVM_FLAGS, resolve_version
+
+    version = resolve_version(None)
+    return {
+        "kind": kind,
+        "version": version,
+        "label": f"Apache Kafka {version} (KRaft, single node)",
+        "jvm_flags": list(JVM_FLAGS if quick else SERVER_JVM_FLAGS),
+    }
+
+
+@contextmanager
+def broker(quick: bool = False) -> Iterator[str]:
+    """A fresh broker per scenario (scenarios never share tiers): Apache Kafka, one KRaft node
+    (``retryd.kafka.apache``, its default version unless ``RETRYD_KAFKA_VERSION``), run with
+    the JVM settings of Kafka's own start scripts; ``--quick`` keeps the fast-starting test
+    settings. ``RETRYD_BENCH_BROKER=tansu``: the embedded Tansu; ``RETRYD_TEST_BOOTSTRAP``:
+    an existing cluster, nothing started."""
+    kind = broker_kind()
+    if kind == "external":
+        yield os.environ["RETRYD_TEST_BOOTSTRAP"]
+        return
+    b: Any
+    if kind == "tansu":
+        from retryd.kafka.embedded import EmbeddedBroker
+
+        b = EmbeddedBroker().start()
+    else:
+        from retryd.kafka.apache import JVM_FLAGS, SERVER_JVM_FLAGS, ApacheKafkaBroker
+
+        flags = JVM_FLAGS if quick else SERVER_JVM_FLAGS
+        b = ApacheKafkaBroker(jvm_flags=flags).start(timeout_s=180)
     try:
         yield b.bootstrap
     finally:
@@ -192,6 +248,39 @@ def time_until(
     raise SystemExit(f"timed out: {count()} of {n} records after {timeout_s}s")
 
 
+def wait_committed(
+    bootstrap: str,
+    group: str,
+    topic: str,
+    partitions: int,
+    n: int,
+    proc: subprocess.Popen[bytes],
+    *,
+    timeout_s: float,
+    interval_s: float = 0.05,
+) -> None:
+    """Wait until ``group``'s committed offsets on ``topic`` add up to ``n`` (read as the
+    sidecar reads lag: a consumer of the group that never subscribes, so never joins it;
+    committed() waits for offsets of a transaction still open, read_committed)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
+    wanted = [TopicPartition(topic, p) for p in range(partitions)]
+    deadline = time.monotonic() + timeout_s
+    total = 0
+    try:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise SystemExit(f"retryd worker exited with {proc.returncode} before commit")
+            total = sum(max(tp.offset, 0) for tp in c.committed(wanted, timeout=10))
+            if total >= n:
+                return
+            time.sleep(interval_s)
+    finally:
+        c.close()
+    raise SystemExit(f"timed out: {total} of {n} offsets committed after {timeout_s}s")
+
+
 def peak_rss_mb(pid: int) -> float:
     """VmHWM (peak resident set) of a live process, in MiB."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -233,7 +322,7 @@ def raw_loop(bootstrap: str, topic: str, n: int, route_to: str | None) -> float:
         else None
     )
     c.subscribe([topic])
-    done = 0
+    done = consumed = 0
     start: float | None = None
 
     def delivered(err: Any, msg: Any) -> None:
@@ -241,12 +330,18 @@ def raw_loop(bootstrap: str, topic: str, n: int, route_to: str | None) -> float:
         done += 1
 
     while done < n:
+        if p is not None and consumed >= n:
+            # every record is read: wait on the last deliveries, not in consume() (whose 1 s
+            # timeout held them back: up to 1 s on a 5 s run)
+            p.poll(0.01)
+            continue
         batch = c.consume(500, 1.0)
         if batch and start is None:
             start = time.perf_counter()
         for msg in batch:
             if msg.error():
                 continue
+            consumed += 1
             if p is not None:
                 now = str(int(time.time() * 1000)).encode()
                 headers = [

@@ -32,7 +32,7 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -61,6 +61,20 @@ JVM_FLAGS = (
     "-XX:+UseSerialGC",
     "-XX:TieredStopAtLevel=1",
     "-XX:+ExitOnOutOfMemoryError",
+    "-Djava.awt.headless=true",
+)
+
+# What Kafka's own start scripts run a broker with (kafka-server-start.sh's KAFKA_HEAP_OPTS,
+# kafka-run-class.sh's KAFKA_JVM_PERFORMANCE_OPTS): full tiered compilation, G1, a 1 GiB heap.
+# For measurements, where the broker must run as users run it (``jvm_flags=SERVER_JVM_FLAGS``).
+SERVER_JVM_FLAGS = (
+    "-Xmx1G",
+    "-Xms1G",
+    "-server",
+    "-XX:+UseG1GC",
+    "-XX:MaxGCPauseMillis=20",
+    "-XX:InitiatingHeapOccupancyPercent=35",
+    "-XX:+ExplicitGCInvokesConcurrent",
     "-Djava.awt.headless=true",
 )
 
@@ -292,6 +306,8 @@ class ApacheKafkaBroker:
     ``overrides`` are extra ``server.properties`` entries. ``advertised`` (``host:port``), as
     for ``EmbeddedBroker``, is the address named in metadata: a TCP proxy in front of the
     listener then carries every client connection (in a cluster, replication traffic too).
+    ``jvm_flags`` replace the JVM's start-fast defaults (``JVM_FLAGS``); the benchmarks pass
+    ``SERVER_JVM_FLAGS``, what Kafka's start scripts use.
 
     Start the process from the thread that will outlive it: ``PR_SET_PDEATHSIG`` fires when
     the *thread* that forked the child exits, so a broker started in a worker thread dies with
@@ -313,6 +329,7 @@ class ApacheKafkaBroker:
         min_insync_replicas: int = 1,
         overrides: Mapping[str, str] | None = None,
         advertised: str | None = None,
+        jvm_flags: Sequence[str] = JVM_FLAGS,
     ) -> None:
         if advertised is not None:
             host, sep, advertised_port = advertised.rpartition(":")
@@ -330,6 +347,7 @@ class ApacheKafkaBroker:
         self.replication_factor = replication_factor
         self.min_insync_replicas = min_insync_replicas
         self.overrides = dict(overrides or {})
+        self.jvm_flags = tuple(jvm_flags)
         self._owns_dir = work_dir is None
         self._keep_dir = False
         self._work_dir = work_dir
@@ -416,7 +434,7 @@ class ApacheKafkaBroker:
         return config, [f"-Dlog4j2.configurationFile={log_config}"]
 
     def _jvm_prefix(self, java: Path, libs: Path, log_flags: list[str]) -> list[str]:
-        return [str(java), *JVM_FLAGS, *log_flags, "-cp", classpath(libs)]
+        return [str(java), *self.jvm_flags, *log_flags, "-cp", classpath(libs)]
 
     def _cds_flags(self, java: Path, libs: Path) -> list[str]:
         """Use the archive if there is one; otherwise have this JVM write one when it exits

@@ -1,5 +1,7 @@
 """The worker benchmark harness runs end to end (``--quick``): every scenario produces its row.
-This checks the harness, not the numbers (those live in BENCHMARKS.md)."""
+This checks the harness, not the numbers (those live in BENCHMARKS.md). It starts a broker per
+scenario of the suite's kind: Apache Kafka (the harness's default), or the embedded Tansu when
+the suite runs on it."""
 
 from __future__ import annotations
 
@@ -9,12 +11,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.support import ON_TANSU
+
 REPO = Path(__file__).resolve().parents[2]
 
 
 def test_worker_benchmark_quick_mode_produces_every_row(bootstrap: str) -> None:
     env = {**os.environ}
     env.pop("RETRYD_TEST_BOOTSTRAP", None)  # the harness starts a broker per scenario
+    env["RETRYD_BENCH_BROKER"] = "tansu" if ON_TANSU else "kafka"
     out = subprocess.run(
         [sys.executable, "bench/bench_worker.py", "--quick", "--no-write"],
         cwd=REPO,
@@ -29,6 +34,8 @@ def test_worker_benchmark_quick_mode_produces_every_row(bootstrap: str) -> None:
     assert {r["row"] for r in rows} == {
         "success",
         "routing",
+        "routing_eos",
+        "routing_eos_cost",
         "http",
         "async",
         "lateness_p50",
