@@ -285,7 +285,10 @@ def build_batch(msgs: Sequence[KafkaMessage]) -> pa.RecordBatch:
     """
     n = len(msgs)
     timestamp, timestamp_type = _timestamps([m.timestamp() for m in msgs], n)
-    headers, parsed = _headers([m.headers() for m in msgs], n)
+    # read through message_headers: the client's headers() raises, or returns a list holding
+    # NULL, on a header name that is not UTF-8 (one such record failed or crashed the task)
+    readable = h.message_headers
+    headers, parsed = _headers([readable(m)[0] for m in msgs], n)
     columns: dict[str, pa.Array] = {
         "topic": _constant([m.topic() for m in msgs], n, pa.string()),
         "partition": _constant([m.partition() for m in msgs], n, pa.int32()),

@@ -163,12 +163,18 @@ def message_headers(msg: Any) -> tuple[Headers, str | None]:
     else:
         if not found:
             return [], None
-        # A call that returns gives the client's own shape (names decoded from valid UTF-8,
-        # values bytes or None: nothing to clean, which cost ~1 µs per header) -- unless an
-        # earlier call raised, on another thread or through another path, and this one got
-        # the cached list with NULL slots. Its tuples are all pairs: one C call counts every
-        # tuple's referents, and a NULL slot has none.
-        if len(gc.get_referents(*found)) == 2 * len(found):
+        # A call that returns usually gives the client's own shape (names decoded from valid
+        # UTF-8, values bytes or None: nothing to clean, which cost ~1 µs per header). But it
+        # can also return the list with a NULL slot for a name that is not UTF-8: the cached
+        # list of an earlier call that raised, or a first call that returned with its
+        # UnicodeDecodeError still pending (the next C call then raises SystemError). The
+        # tuples are all pairs: one C call counts every tuple's referents (a NULL slot has
+        # none), and raises if an error was left pending.
+        try:
+            whole = len(gc.get_referents(*found)) == 2 * len(found)
+        except SystemError:
+            whole = False
+        if whole:
             return found, None
         problem = "headers cannot be decoded: a header name is not UTF-8"
     try:

@@ -224,3 +224,24 @@ def test_thousands_of_digits_become_null_in_both_parse_paths() -> None:
     ]
     batch = build_batch(recs)
     assert batch.column("original_offset").to_pylist() == [None, 12]
+
+
+def test_a_header_name_the_client_cannot_decode_costs_that_header_only() -> None:
+    """confluent-kafka's ``headers()`` raises on a header name that is not UTF-8 (then hands
+    back what it could read): the batch keeps the readable headers and the other records."""
+
+    class Undecodable(Record):
+        calls = 0
+
+        def headers(self) -> Any:
+            type(self).calls += 1
+            if type(self).calls == 1:
+                raise SystemError("returned a result with an exception set")
+            return [("kept", b"yes")]
+
+    builder = BatchBuilder()
+    builder.add_message(Undecodable("failed", 0, 1, (0, 1), b"k", b"v", None))
+    builder.add("failed", 0, 2, (0, 2), b"k2", b"v2", [("ok", b"1")])
+    first, second = builder.flush().to_pylist()
+    assert [(x["key"], x["value"]) for x in first["headers"]] == [("kept", b"yes")]
+    assert [(x["key"], x["value"]) for x in second["headers"]] == [("ok", b"1")]
