@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 import uuid
@@ -38,6 +39,15 @@ def dedicated_broker(log_file: Path, port: int | None = None, advertised: str | 
     return ApacheKafkaBroker(
         port=port, log_file=log_file, overrides=TEST_KAFKA_OVERRIDES, advertised=advertised
     )
+
+
+def json_lines(path: Path) -> list[Any]:
+    """The complete JSON lines of a log other processes may be appending to (a writer may be
+    halfway through its last line: only lines ended by a newline are read)."""
+    if not path.exists():
+        return []
+    complete = path.read_text().rpartition("\n")[0]
+    return [json.loads(line) for line in complete.splitlines() if line.strip()]
 
 
 def unique(prefix: str) -> str:

@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration.sidecar_support import Env, SidecarProcess
 from tests.integration.worker_support import Deployment, deployment, stop_process
-from tests.support import produce, read_topic, wait_for
+from tests.support import json_lines, produce, read_topic, wait_for
 
 
 def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -120,9 +120,7 @@ def test_replayed_dead_letter_is_handled_once(bootstrap: str, tmp_path: Path) ->
     sidecar = SidecarProcess(env, tmp_path / "sc.log")
 
     def calls() -> list[dict]:
-        if not log.exists():
-            return []
-        return [json.loads(line) for line in log.read_text().splitlines()]
+        return json_lines(log)
 
     try:
         dead = read_topic(bootstrap, dep.failed, expect=1, timeout=60)

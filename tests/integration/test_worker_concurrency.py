@@ -23,6 +23,7 @@ from tests.integration.worker_support import deployment, stop_process
 from tests.support import (
     TEST_SESSION_TIMEOUT_MS,
     create_topics,
+    json_lines,
     produce,
     read_topic,
     unique,
@@ -33,11 +34,7 @@ TIMED = "python:tests.integration.handlers:timed"
 
 
 def _lines(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    # a writer may be halfway through its line: only lines ended by a newline are read
-    complete = path.read_text().rpartition("\n")[0]
-    return [json.loads(line) for line in complete.splitlines() if line.strip()]
+    return json_lines(path)
 
 
 def _assert_no_overlap_in_offset_order(calls: list[dict[str, Any]], group_by: tuple[str, ...]):

@@ -12,13 +12,11 @@ from pathlib import Path
 from confluent_kafka import Consumer, TopicPartition
 
 from tests.integration.worker_support import deployment, stop_process
-from tests.support import read_topic, wait_for
+from tests.support import json_lines, read_topic, wait_for
 
 
 def _lines(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return json_lines(path)
 
 
 def _specs(n: int) -> list[dict]:
