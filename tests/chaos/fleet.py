@@ -94,11 +94,9 @@ class Fleet:
         """Every one of ``procs`` is alive and owns partitions, and together they own all
         ``partitions`` (read from the workers' own heartbeat files, rewritten every second).
 
-        Why the SIGTERM scenario waits for this before each stop, as a rolling restart waits
-        for the new instance to be ready: the embedded broker's group coordinator can stall a
-        group for minutes when a member leaves while a join is still in progress (seen with
-        plain confluent-kafka consumers, both assignment strategies), which would test the
-        broker rather than retryd.
+        Why the SIGTERM scenario waits for this before each stop: a rolling restart waits for
+        the new instance to be ready before it stops the next one, so each stop hits a group
+        that has settled, as in a real deployment.
         """
         owned = 0
         for proc in procs:

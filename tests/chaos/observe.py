@@ -104,8 +104,9 @@ def partitions_behind(bootstrap: str, group: str, topics: Iterable[str]) -> int:
     """Partitions of ``topics`` holding records past the group's committed offset (0: nothing
     left to redo).
 
-    Read, not computed from watermarks: the embedded broker's ListOffsets answer can trail the
-    log's real end by a batch, so "committed >= high watermark" would be a guess.
+    Read, not computed from watermarks: transaction markers (exactly-once routing, the
+    ledger's writers) take offsets too, so "committed < high watermark" can hold with no
+    record left to redo.
     """
     meta = Consumer(
         {"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False}

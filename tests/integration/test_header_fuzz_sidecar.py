@@ -144,8 +144,7 @@ def produce_raw(
 
 def keys_in(bootstrap: str, topic: str, partition: int = 0, timeout: float = 20) -> list[bytes]:
     """The keys of a partition, read to its end (``headers()`` is never called: on a name
-    that is not UTF-8 it raises). Watermarks are not used: the embedded broker's are wrong
-    after a batch of several records."""
+    that is not UTF-8 it raises), in offset order."""
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
