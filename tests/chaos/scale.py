@@ -4,6 +4,11 @@
 broker cuts, ...) and takes a while; ``ci`` runs every scenario small, each well under a minute,
 so the normal suite (and CI) exercises the same code paths on every run.
 ``RETRYD_CHAOS_SEED`` makes a run's random choices (message mix, kill victims, fuzz) repeatable.
+
+The scenarios on a three-node Apache Kafka cluster (``test_cluster_*.py``) cost a cluster
+start and several failovers each: at ``ci`` scale only the partition-leader SIGKILL runs (the
+one CI runs); ``RETRYD_CHAOS_CLUSTER=all`` runs the others at ``ci`` size too, and ``full``
+scale runs all of them.
 """
 
 from __future__ import annotations
@@ -14,10 +19,30 @@ from dataclasses import dataclass
 
 SCALE_ENV = "RETRYD_CHAOS_SCALE"
 SEED_ENV = "RETRYD_CHAOS_SEED"
+CLUSTER_ENV = "RETRYD_CHAOS_CLUSTER"
 
 # A short retry sequence, so that poison messages reach failed_topic in seconds.
 SEQUENCE = "1s,2s"
 MAX_RETRIES = 2
+
+
+@dataclass(frozen=True)
+class ClusterSizes:
+    """The scenarios on a three-node Apache Kafka cluster (``test_cluster_*.py``)."""
+
+    leader_messages: int
+    leader_rounds: int  # each round: SIGKILL the main topic's leader, then the tiers' leader
+    coordinator_messages: int
+    coordinator_kills: int
+    down_s: float  # how long a SIGKILLed node stays down (fencing takes ~9 s of it)
+    pause_messages: int
+    pauses: int
+    pause_s: float  # SIGSTOP to SIGCONT
+    rolling_messages: int
+    rolling_rounds: int  # each round stops and restarts all three nodes, one at a time
+    outage_messages: int
+    outage_s: float  # two of three nodes down at once
+    gap_s: tuple[float, float]  # load between two faults, drawn uniformly
 
 
 @dataclass(frozen=True)
@@ -36,6 +61,7 @@ class Sizes:
     replay_rate: float  # max_per_second of the bulk job
     fuzz_main: int  # fuzzed records per handler kind on the main topic
     fuzz_tier: int  # fuzzed records per handler kind injected into a tier
+    cluster: ClusterSizes
 
 
 SIZES = {
@@ -54,6 +80,21 @@ SIZES = {
         replay_rate=250.0,
         fuzz_main=2_000,
         fuzz_tier=1_000,
+        cluster=ClusterSizes(
+            leader_messages=30_000,
+            leader_rounds=3,
+            coordinator_messages=20_000,
+            coordinator_kills=3,
+            down_s=15.0,
+            pause_messages=20_000,
+            pauses=2,
+            pause_s=40.0,  # past replica.lag.time.max.ms (30 s) and the broker session (9 s)
+            rolling_messages=20_000,
+            rolling_rounds=2,
+            outage_messages=20_000,
+            outage_s=60.0,
+            gap_s=(4.0, 6.0),
+        ),
     ),
     "ci": Sizes(
         kill_messages=3_000,
@@ -70,6 +111,21 @@ SIZES = {
         replay_rate=200.0,
         fuzz_main=150,
         fuzz_tier=60,
+        cluster=ClusterSizes(
+            leader_messages=2_000,
+            leader_rounds=1,
+            coordinator_messages=2_000,
+            coordinator_kills=1,
+            down_s=10.0,
+            pause_messages=2_000,
+            pauses=1,
+            pause_s=12.0,  # past the broker session (9 s): the node is fenced
+            rolling_messages=2_000,
+            rolling_rounds=1,
+            outage_messages=2_000,
+            outage_s=15.0,
+            gap_s=(2.0, 3.0),
+        ),
     ),
 }
 
@@ -83,6 +139,11 @@ def scale() -> str:
 
 def sizes() -> Sizes:
     return SIZES[scale()]
+
+
+def every_cluster_scenario() -> bool:
+    """Whether the replicated-cluster scenarios beyond the one CI runs are wanted."""
+    return scale() == "full" or os.environ.get(CLUSTER_ENV, "").strip().lower() == "all"
 
 
 def seed() -> int:

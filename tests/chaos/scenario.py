@@ -89,6 +89,19 @@ def start(
         handler_timeout_s=settings.pop("handler_timeout_s", 10.0),
         **settings,
     )
+    return watch(name, dep, tmp_path, plan, digests)
+
+
+def watch(
+    name: str,
+    dep: Deployment,
+    tmp_path: Path,
+    plan: list[Spec],
+    digests: dict[str, str] | None = None,
+) -> Scenario:
+    """The observer and the worker fleet of a scenario whose topics and group exist (``dep``):
+    the call log, ``failed_topic``'s reader, and the processes it will start."""
+    bootstrap = dep.bootstrap
     call_log = tmp_path / CALL_LOG
     dead = DeadLetters(bootstrap, dep.failed, id_from_json)
     observer = Observer(
