@@ -179,6 +179,8 @@ class Worker:
         settler.poll()
         pool.watchdog()
         settler.settle(pool.completions)
+        if self._exactly_once:
+            settler.route_frontier(self.book.parts.values())
         settler.poll()
 
     def _tick(self, started: float) -> None:
@@ -188,8 +190,6 @@ class Worker:
         flow_control(
             self.book, s.partition_buffer, s.tier_buffer, s.buffer_bytes, self.router.blocked
         )
-        if self._exactly_once:
-            self.settler.route_frontier(self.book.parts.values())
         self.book.store()
         if self.offsets.tick() is Committed.ABORTED:
             self._rewind("transaction aborted")
@@ -261,8 +261,6 @@ class Worker:
                 sum(st.running for st in states),
                 calls_bound,
             )
-        if self._exactly_once:
-            self.settler.route_frontier(states)
         remaining = self.router.flush(30)
         self._settle_once()
         if remaining:

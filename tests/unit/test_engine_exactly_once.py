@@ -18,6 +18,7 @@ from retryd.handlers.base import Message
 from retryd.worker.faults import Faults
 from retryd.worker.offsets import MAX_ABORTS_IN_A_ROW, Committed, TransactionalOffsets
 from tests.stub_kafka import StubBroker
+from tests.support import wait_for
 from tests.unit.test_engine_loop import GROUP, MAIN, make_worker
 
 
@@ -243,3 +244,38 @@ def test_copies_waiting_for_room_in_the_producer_are_committed_with_their_offset
     tier = worker.settings.plan.tier_topics[0]
     assert Counter(_live(broker, tier)) == Counter({b"k%d" % i: 1 for i in range(40)})
     assert broker.committed_offset(GROUP, MAIN) == 40
+
+
+def test_a_stop_routes_the_failed_records_it_finishes_without_waiting_out_its_timeout(
+    tmp_path: Path,
+) -> None:
+    """Shutdown finishes consumed records: under exactly-once a failed one is finished when
+    its copy is sent at the frontier, which the shutdown's settling must do too (it used to
+    wait the whole shutdown_timeout_s, then leave them to the next owner)."""
+    broker = StubBroker()
+    started = threading.Event()
+
+    def handler(m: Message) -> None:
+        if m.offset == 0:  # the frontier: every failure behind it waits for it
+            started.set()
+            time.sleep(1.0)  # a slow call (the handler's own work, not synchronisation)
+            return
+        raise RuntimeError("always")
+
+    worker = make_worker(
+        broker, tmp_path, handler, exactly_once=True, sequence="1h", shutdown_timeout_s=30
+    )
+    for i in range(50):
+        broker.append(MAIN, b"k%d" % i, b"v")
+    runner = threading.Thread(target=worker.run, daemon=True)
+    runner.start()
+    assert started.wait(10)
+    wait_for(lambda: worker.pool.completions or worker.summary, 5)  # the others failed
+    began = time.monotonic()
+    worker.stop()
+    runner.join(20)
+    assert not runner.is_alive()
+    assert time.monotonic() - began < 10
+    tier = worker.settings.plan.tier_topics[0]
+    assert sorted(_live(broker, tier)) == sorted(b"k%d" % i for i in range(1, 50))
+    assert broker.committed_offset(GROUP, MAIN) == 50
