@@ -97,6 +97,7 @@ class Worker:
         self._beat_at = 0.0
         self._inflight_seen = -1
         self._paused_seen: dict[str, int] | None = None
+        self._rewind_due: str | None = None  # exactly-once: why the next tick rewinds
 
     # ------------------------------------------------------------------ lifecycle
     def stop(self) -> None:
@@ -185,6 +186,8 @@ class Worker:
 
     def _tick(self, started: float) -> None:
         """Everything after consume(): settle, flow control, store, publish, heartbeat."""
+        if self._rewind_due is not None:
+            self._rewind(self._rewind_due)
         self._settle_once()
         s = self.settings
         flow_control(
@@ -272,15 +275,18 @@ class Worker:
             log.info("%s: %d unfinished records left to the next owner", why, discarded)
         self.book.store(states)
         if self.book.commit_sync(states) is Committed.ABORTED and not self._closing:
-            # the partitions given up are redone by their next owner; the kept ones here
-            self._rewind("transaction aborted during a revoke", keep_out=states)
+            # the partitions given up are redone by their next owner; the kept ones here,
+            # once the rebalance callback has returned
+            self._rewind_due = "transaction aborted during a revoke"
 
-    def _rewind(self, why: str, keep_out: list[PartitionState] | None = None) -> None:
-        """Exactly-once: start every owned partition (but ``keep_out``) again from its
-        committed offset. Everything held is discarded; calls still running are dropped when
-        they end (their assignment is over)."""
-        skip = {id(st) for st in keep_out or ()}
-        states = [st for st in self.book.parts.values() if id(st) not in skip]
+    def _rewind(self, why: str) -> None:
+        """Exactly-once: start every owned partition again from its committed offset.
+        Everything held is discarded; calls still running are dropped when they end (their
+        assignment is over). Called from the poll loop before anything is settled or stored
+        (never from a rebalance callback, which only marks it due): a copy settled after an
+        abort could otherwise let an offset past an aborted copy be committed."""
+        self._rewind_due = None
+        states = list(self.book.parts.values())
         if not states:
             return
         for st in states:
@@ -372,7 +378,7 @@ class Worker:
             # The open transaction may hold copies of the lost partitions, whose offsets can
             # no longer be committed: abort it, and redo the kept partitions' share of it.
             self.offsets.abort()
-            self._rewind("an assignment was lost")
+            self._rewind_due = "an assignment was lost"
 
     # ------------------------------------------------------------------ observability
     def _beat(self) -> None:
