@@ -437,7 +437,10 @@ def write_markdown(rows: list[dict], info: dict[str, Any], params: dict[str, Any
     path = ROOT / "BENCHMARKS.md"
     broker = info["broker"]
     begin, end = f"<!-- worker:{broker['kind']}:begin -->", f"<!-- worker:{broker['kind']}:end -->"
-    flags = f" (JVM: `{' '.join(broker['jvm_flags'])}`)" if broker.get("jvm_flags") else ""
+    flags = ""
+    if broker.get("jvm_flags"):
+        props = ", ".join(f"`{k}={v}`" for k, v in broker.get("overrides", {}).items())
+        flags = f" (JVM: `{' '.join(broker['jvm_flags'])}`" + (f"; {props})" if props else ")")
     lines = [
         begin,
         f"### Worker on {broker['label']}",
