@@ -50,9 +50,6 @@ class Nodes:
     def __init__(self, cluster: ApacheKafkaCluster) -> None:
         self.cluster = cluster
         self.paused: set[int] = set()
-        # one admin client for the module's life: it finds the live nodes by itself, and a
-        # client dropped while a request is in flight fails that request (_DESTROY)
-        self._admin = AdminClient({"bootstrap.servers": cluster.bootstrap, "log_level": 0})
 
     @property
     def bootstrap(self) -> str:
@@ -116,8 +113,20 @@ class Nodes:
         self.wait_in_sync(self.topics(), timeout_s)
 
     # -- facts -------------------------------------------------------------------------
+    def _admin(self) -> AdminClient:
+        """A client of the nodes that can answer: a fresh one per look-up, bootstrapped from
+        the running, unpaused nodes. A long-lived client keeps sending its requests to a
+        node it is connected to, and a SIGSTOPped node holds each one until it times out
+        (seen: metadata from a paused node's connection, 5 s per attempt, for a minute)."""
+        up = [
+            n.bootstrap
+            for n in self.cluster.nodes
+            if n.process is not None and n.node_id not in self.paused
+        ]
+        return AdminClient({"bootstrap.servers": ",".join(up), "log_level": 0})
+
     def topics(self) -> list[str]:
-        md = self._admin.list_topics(timeout=10)
+        md = self._admin().list_topics(timeout=10)
         return sorted(t for t, m in md.topics.items() if m.error is None)
 
     def describe(
@@ -134,7 +143,7 @@ class Nodes:
         if not names:
             return {}
         try:
-            md = self._admin.list_topics(timeout=timeout_s)
+            md = self._admin().list_topics(timeout=timeout_s)
         except KafkaException:
             return None
         out: dict[Where, tuple[int, frozenset[int], int]] = {}
@@ -152,6 +161,9 @@ class Nodes:
         return wait_for(
             lambda: self.describe(topics), timeout_s, 0.5, what=f"a description of {topics}"
         )
+
+    def partitions(self, topics: Iterable[str]) -> int:
+        return len(self._described(topics))
 
     def led_by(self, node_id: int, topics: Iterable[str]) -> list[Where]:
         return sorted(

@@ -161,12 +161,15 @@ class Run:
         time.sleep(seconds)  # the fault schedule's pace
         self.assert_alive()
 
-    def ended(self) -> tuple[int, int]:
+    def ended(self, *, read_dead: bool = False) -> tuple[int, int]:
         """(ids in a terminal place, dead letters read) so far, from the call log and what
-        was read of ``failed_topic`` before: no read that a node down would hold up."""
+        was read of ``failed_topic`` before (``read_dead``: and what it holds now, a read a
+        node down can hold up for a few seconds)."""
         obs = self.sc.observer
         for log in obs.logs:
             log.read_new(obs.tally)
+        if read_dead:
+            obs.dead.read_new(obs.tally, timeout_s=5.0)
         rec = reconcile(obs.plan, obs.tally)
         return rec.messages - len(rec.lost), sum(obs.tally.dead.values())
 
