@@ -21,7 +21,14 @@ TEST_BROKER = os.environ.get("RETRYD_TEST_BROKER", "kafka").lower()
 # The test broker accepts sessions down to 1 s, so a test that kills a member sees its
 # partitions move in seconds. An external cluster keeps Kafka's own minimum, 6000 ms. (Tansu
 # holds a group's first JoinGroup for about half of session.timeout.ms: 2000 there too.)
-TEST_KAFKA_OVERRIDES = {"group.min.session.timeout.ms": "1000"}
+TEST_KAFKA_OVERRIDES = {
+    "group.min.session.timeout.ms": "1000",
+    # groups on the broker-driven protocol (group_protocol=consumer): the broker's own timing
+    "group.consumer.min.session.timeout.ms": "6000",
+    "group.consumer.session.timeout.ms": "6000",
+    "group.consumer.min.heartbeat.interval.ms": "500",
+    "group.consumer.heartbeat.interval.ms": "1000",
+}
 TEST_SESSION_TIMEOUT_MS = 6000 if os.environ.get("RETRYD_TEST_BOOTSTRAP") else 2000
 ON_TANSU = TEST_BROKER == "tansu" and not os.environ.get("RETRYD_TEST_BOOTSTRAP")
 

@@ -1,5 +1,12 @@
 """Configuration lives at the edge: one frozen Settings object, read once by the CLI."""
 
-from retryd.config.settings import Ordering, Role, Settings, load_settings, redact_kafka
+from retryd.config.settings import (
+    GroupProtocol,
+    Ordering,
+    Role,
+    Settings,
+    load_settings,
+    redact_kafka,
+)
 
-__all__ = ["Ordering", "Role", "Settings", "load_settings", "redact_kafka"]
+__all__ = ["GroupProtocol", "Ordering", "Role", "Settings", "load_settings", "redact_kafka"]

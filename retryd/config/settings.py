@@ -68,6 +68,18 @@ class LogFormat(enum.StrEnum):
     JSON = "json"
 
 
+class GroupProtocol(enum.StrEnum):
+    """How the worker group shares partitions. ``classic``: JoinGroup/SyncGroup with the
+    cooperative-sticky assignor (any Kafka); it balances partition *counts* over every
+    subscribed topic, so a member that joins later can be handed only tier partitions while
+    another keeps every main-topic partition. ``consumer``: the broker-driven protocol of
+    KIP-848 (Kafka >= 4.0) with the range assignor: each topic's partitions are split evenly,
+    partition i of the main topic and of every tier on the same member."""
+
+    CLASSIC = "classic"
+    CONSUMER = "consumer"
+
+
 class Ordering(enum.StrEnum):
     """Which handler calls may overlap: same key (per partition) never, same partition never,
     or any."""
@@ -165,6 +177,7 @@ class Settings(BaseSettings):
     tier_buffer: int = Field(default=1000, ge=1, le=1_000_000)
     buffer_bytes: int = Field(default=64 * 1024 * 1024, ge=64 * 1024)
     shutdown_timeout_s: float = Field(default=20.0, gt=0, le=3600)
+    group_protocol: GroupProtocol = GroupProtocol.CLASSIC
     session_timeout_ms: int = Field(default=45_000, ge=1_000)
     max_poll_interval_ms: int = Field(default=300_000, ge=1_000)
     poll_timeout_s: float = Field(default=0.5, gt=0, le=10)

@@ -74,17 +74,48 @@ def _merge(
     return out
 
 
+# The broker-driven protocol (KIP-848): the broker assigns, with the range assignor (each
+# topic split evenly, partition i of every topic on one member); session and heartbeat timing
+# are the broker's (group.consumer.*), and librdkafka refuses them client-side.
+_CONSUMER_PROTOCOL_FIXED: dict[str, Any] = {
+    "enable.auto.offset.store": False,
+    "enable.partition.eof": True,
+    "group.protocol": "consumer",
+    "group.remote.assignor": "range",
+}
+_CLASSIC_ONLY = ("session.timeout.ms", "heartbeat.interval.ms", "partition.assignment.strategy")
+
+
 def group_consumer_config(
-    common: Mapping[str, Any], purpose: str, group_id: str, **tuning: Any
+    common: Mapping[str, Any],
+    purpose: str,
+    group_id: str,
+    *,
+    protocol: str = "classic",
+    **tuning: Any,
 ) -> dict[str, Any]:
-    """A consumer-group member with at-least-once offset handling (offsets stored by hand)."""
+    """A consumer-group member with at-least-once offset handling (offsets stored by hand),
+    on the ``classic`` group protocol (cooperative-sticky) or the ``consumer`` one."""
     base: dict[str, Any] = {
         "enable.auto.commit": True,
         "auto.commit.interval.ms": 1000,
         "auto.offset.reset": "earliest",
         **tuning,
     }
-    conf = _merge(base, common, _GROUP_FIXED, purpose)
+    if protocol == "consumer":
+        for key in _CLASSIC_ONLY:
+            base.pop(key, None)
+        shared = {k: v for k, v in common.items() if k not in _CLASSIC_ONLY}
+        if len(shared) != len(common):
+            log.warning(
+                "ignoring %s for the %s client: with group_protocol=consumer the broker sets "
+                "them (group.consumer.*)",
+                ", ".join(sorted(set(common) - set(shared))),
+                purpose,
+            )
+        conf = _merge(base, shared, _CONSUMER_PROTOCOL_FIXED, purpose)
+    else:
+        conf = _merge(base, common, _GROUP_FIXED, purpose)
     conf["group.id"] = group_id
     return conf
 

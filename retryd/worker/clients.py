@@ -44,7 +44,11 @@ def worker_consumer_config(
         tuning["statistics.interval.ms"] = 5000
         tuning["stats_cb"] = stats_cb
     return group_consumer_config(
-        common_config(settings), f"worker-{role.value}", settings.group_id, **tuning
+        common_config(settings),
+        f"worker-{role.value}",
+        settings.group_id,
+        protocol=settings.group_protocol.value,
+        **tuning,
     )
 
 

@@ -73,6 +73,7 @@ class Deployment:
             "RETRYD_MAX_IN_FLIGHT": str(s.max_in_flight),
             "RETRYD_ORDERING": s.ordering.value,
             "RETRYD_EXACTLY_ONCE": str(s.exactly_once).lower(),
+            "RETRYD_GROUP_PROTOCOL": s.group_protocol.value,
         }
 
     def spawn_worker(

@@ -102,3 +102,31 @@ def test_heartbeat_fits_a_short_session() -> None:
     assert short["heartbeat.interval.ms"] == 666
     default = worker_consumer_config(load_settings(), Role.MAIN)
     assert default["heartbeat.interval.ms"] == 3000
+
+
+def test_the_consumer_group_protocol_leaves_timing_and_assignment_to_the_broker(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """librdkafka refuses session.timeout.ms, heartbeat.interval.ms and
+    partition.assignment.strategy with group.protocol=consumer (the client is not created):
+    they are left out, a pass-through one with a warning, and the range assignor is asked."""
+    s = load_settings(
+        bootstrap_servers="b:9092",
+        main_topics="orders",
+        group_protocol="consumer",
+        kafka={"session.timeout.ms": "10000", **SASL},
+    )
+    with caplog.at_level(logging.WARNING):
+        conf = worker_consumer_config(s, Role.ALL)
+    assert conf["group.protocol"] == "consumer" and conf["group.remote.assignor"] == "range"
+    for key in ("session.timeout.ms", "heartbeat.interval.ms", "partition.assignment.strategy"):
+        assert key not in conf
+    assert conf["sasl.username"] == "u" and conf["enable.auto.offset.store"] is False
+    assert "session.timeout.ms" in caplog.text and "group_protocol=consumer" in caplog.text
+    new_consumer(conf).close()  # librdkafka accepts it
+
+    classic = worker_consumer_config(
+        load_settings(bootstrap_servers="b:9092", main_topics="o"), Role.ALL
+    )
+    assert classic["partition.assignment.strategy"] == "cooperative-sticky"
+    assert "group.protocol" not in classic
