@@ -28,7 +28,9 @@ from tests.support import unique, wait_for
 
 PARTITIONS = 4
 # Sessions as in the rest of the suite (the cluster accepts 1 s and up): a member whose
-# coordinator is gone for longer loses its partitions, and its uncommitted work is redone.
+# coordinator does not answer for longer loses its partitions, and its uncommitted work is
+# redone. A node crash holds the group's heartbeats for about the broker's fencing time (9 s):
+# a scenario may run with retryd's default session (45 s) instead (``session_timeout_ms=None``).
 SESSION_TIMEOUT_MS = 2000
 JOIN_S = 5.0
 SETTLE_S = 600.0
@@ -68,10 +70,16 @@ def _retryd_topics_create(dep: Deployment, ledger: str) -> str:
     return done.stdout
 
 
-def replicated_deployment(nodes: Nodes, tmp_path: Path, partitions: int) -> Deployment:
+def replicated_deployment(
+    nodes: Nodes, tmp_path: Path, partitions: int, session_timeout_ms: int | None
+) -> Deployment:
     """Fresh topics and group on the cluster: every partition of every topic the group reads
-    or writes has 3 replicas and min.insync.replicas=2 (checked here, from the cluster)."""
+    or writes has 3 replicas and min.insync.replicas=2 (checked here, from the cluster).
+    ``session_timeout_ms`` None: retryd's defaults for the session and the poll interval."""
     group = unique("g")
+    session: dict[str, int] = {}
+    if session_timeout_ms is not None:
+        session = {"session_timeout_ms": session_timeout_ms, "max_poll_interval_ms": 30_000}
     main = unique("main")
     ledger = f"{group}.ledger"
     settings = load_settings(
@@ -84,12 +92,11 @@ def replicated_deployment(nodes: Nodes, tmp_path: Path, partitions: int) -> Depl
         group_id=group,
         handler=CHAOS_HANDLER,
         handler_timeout_s=10.0,
-        session_timeout_ms=SESSION_TIMEOUT_MS,
-        max_poll_interval_ms=30_000,
         state_dir=tmp_path / "state",
         poll_timeout_s=0.2,
         replication_factor=REPLICATION,
         min_insync_replicas=MIN_INSYNC,
+        **session,
     )
     _create_main(nodes, main, partitions)
     dep = Deployment(nodes.bootstrap, settings, main)
@@ -105,17 +112,24 @@ def replicated_deployment(nodes: Nodes, tmp_path: Path, partitions: int) -> Depl
 
 
 def start_replicated(
-    name: str, nodes: Nodes, tmp_path: Path, plan: list[Spec], partitions: int = PARTITIONS
+    name: str,
+    nodes: Nodes,
+    tmp_path: Path,
+    plan: list[Spec],
+    partitions: int = PARTITIONS,
+    session_timeout_ms: int | None = SESSION_TIMEOUT_MS,
 ) -> Scenario:
-    return watch(name, replicated_deployment(nodes, tmp_path, partitions), tmp_path, plan)
+    dep = replicated_deployment(nodes, tmp_path, partitions, session_timeout_ms)
+    return watch(name, dep, tmp_path, plan)
 
 
-def cluster_fields(nodes: Nodes) -> dict[str, Any]:
-    """The report's description of the cluster a row ran on."""
+def cluster_fields(nodes: Nodes, sc: Scenario) -> dict[str, Any]:
+    """The report's description of the cluster a row ran on, and of the group's session."""
     return {
         "broker": f"Apache Kafka {nodes.version}, 3 KRaft nodes (broker and controller each)",
         "replication_factor": REPLICATION,
         "min_insync_replicas": MIN_INSYNC,
+        "session_timeout_ms": sc.dep.settings.session_timeout_ms,
     }
 
 

@@ -23,6 +23,7 @@ import pytest
 from tests.chaos.cluster import Nodes
 from tests.chaos.ledger import make_plan
 from tests.chaos.replicated import (
+    SESSION_TIMEOUT_MS,
     Run,
     check,
     cluster_fields,
@@ -34,8 +35,26 @@ from tests.chaos.scale import MAX_RETRIES, Sizes, every_cluster_scenario
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 
+ONE_AT_CI = pytest.mark.skipif(
+    not every_cluster_scenario(),
+    reason="ci scale runs one cluster scenario (RETRYD_CHAOS_CLUSTER=all runs this one too)",
+)
 
+
+@pytest.mark.parametrize(
+    ("session_timeout_ms", "name"),
+    [
+        pytest.param(SESSION_TIMEOUT_MS, "cluster_leader_sigkill", id="session-2s"),
+        # retryd's default session (45 s) outlasts the broker's fencing (9 s): the same kills
+        # without the group losing its partitions
+        pytest.param(
+            None, "cluster_leader_sigkill_default_session", id="session-45s", marks=ONE_AT_CI
+        ),
+    ],
+)
 def test_sigkill_partition_leaders(
+    session_timeout_ms: int | None,
+    name: str,
     cluster: Nodes,
     tmp_path: Path,
     chaos_sizes: Sizes,
@@ -44,7 +63,7 @@ def test_sigkill_partition_leaders(
 ) -> None:
     size = chaos_sizes.cluster
     plan = make_plan(size.leader_messages, chaos_rng, "lead-", MAX_RETRIES)
-    sc = start_replicated("cluster_leader_sigkill", cluster, tmp_path, plan)
+    sc = start_replicated(name, cluster, tmp_path, plan, session_timeout_ms=session_timeout_ms)
     written = [*sc.dep.settings.plan.tier_topics, sc.dep.failed]
     kills: list[dict[str, object]] = []
     try:
@@ -65,7 +84,7 @@ def test_sigkill_partition_leaders(
             fault=f"SIGKILL the node leading most main-topic partitions, then the one leading "
             f"most tier and failed_topic partitions ({size.leader_rounds}x each); down "
             f"{size.down_s:g}s, restarted, back in sync before the next",
-            **cluster_fields(cluster),
+            **cluster_fields(cluster, sc),
             kills=len(kills),
             at_kills=kills,
         )
@@ -76,10 +95,7 @@ def test_sigkill_partition_leaders(
     print(f"\n{end.rec.describe()} kills={kills}")
 
 
-@pytest.mark.skipif(
-    not every_cluster_scenario(),
-    reason="ci scale runs one cluster scenario (RETRYD_CHAOS_CLUSTER=all)",
-)
+@ONE_AT_CI
 def test_sigkill_group_coordinator(
     cluster: Nodes,
     tmp_path: Path,
@@ -108,7 +124,7 @@ def test_sigkill_group_coordinator(
             len(kills),
             fault=f"SIGKILL the node coordinating the consumer group ({size.coordinator_kills}x)"
             f"; down {size.down_s:g}s, restarted, back in sync before the next",
-            **cluster_fields(cluster),
+            **cluster_fields(cluster, sc),
             kills=len(kills),
             at_kills=kills,
         )

@@ -86,7 +86,7 @@ def test_sigstop_the_coordinator_past_the_session(
             len(pauses),
             fault=f"SIGSTOP the node coordinating the group for {size.pause_s:g}s (past the "
             f"broker session: fenced, leaderships moved), then SIGCONT; {size.pauses}x",
-            **cluster_fields(cluster),
+            **cluster_fields(cluster, sc),
             pauses=len(pauses),
             at_pauses=pauses,
         )
@@ -134,7 +134,7 @@ def test_rolling_restart_under_load(
             len(restarts),
             fault=f"rolling restart: each node stopped (SIGTERM, controlled shutdown), started "
             f"and back in every ISR before the next; {size.rolling_rounds}x all 3 nodes",
-            **cluster_fields(cluster),
+            **cluster_fields(cluster, sc),
             restarts=len(restarts),
             at_restarts=restarts,
         )
@@ -221,7 +221,7 @@ def test_two_nodes_down_below_min_insync(
             fault=f"two of 3 nodes down for {size.outage_s:g}s (one SIGKILLed, one stopped "
             "once the first was fenced): every partition below min.insync.replicas; then one "
             "back, then the other",
-            **cluster_fields(cluster),
+            **cluster_fields(cluster, sc),
             outage=outage,
         )
     )
