@@ -160,3 +160,56 @@ def test_sigkill_loop_duplicate_copies(
     else:
         # at-least-once: acknowledged copies whose inputs were not yet committed are redone
         assert duplicates > 0, "the SIGKILL loop produced no duplicate in the default mode"
+
+
+def _when(found: dict[str, str], count: int) -> dict[str, str] | None:
+    return found if len(found) == count else None
+
+
+def _stderr(log: Path) -> str:
+    return "".join(p.read_text(errors="replace") for p in log.parent.glob(f"{log.stem}.*.stderr"))
+
+
+def test_a_restarted_process_keeps_its_transactional_id(bootstrap: str, tmp_path: Path) -> None:
+    """Zombie fencing needs the id to survive the restart: the supervisor starts the
+    replacement of a SIGKILLed child in its slot, so it registers the same transactional id
+    (aborting whatever the dead one left open), and routing goes on without a duplicate."""
+    import os
+    import re
+    import signal
+
+    dep = deployment(bootstrap, tmp_path, sequence="1s", partitions=2, exactly_once=True)
+    log = tmp_path / "sup.log"
+    n = 400
+    dep.send([{"id": f"e{i}", "mode": "always"} for i in range(n)])
+    sup = dep.spawn_worker(log, "--processes", "2")
+
+    def ids() -> dict[str, str]:
+        """pid -> transactional id, from each child's start-up line."""
+        found = re.findall(r" (\d+) retryd\.worker\.assembly: exactly-once routing: "
+                           r"transactional id (\S+)", _stderr(log))  # fmt: skip
+        return dict(found)
+
+    try:
+        first = wait_for(lambda: _when(ids(), 2), 60, what="2 children")
+        assert sorted(first.values()) == sorted({*first.values()}) and all(
+            v.endswith(("-0", "-1")) for v in first.values()
+        ), first
+        victim = next(iter(first))
+        os.kill(int(victim), signal.SIGKILL)
+        after = wait_for(
+            lambda: _when(ids(), 3), 60, what="the replacement child (after the restart backoff)"
+        )
+        [new_id] = [i for p, i in after.items() if p not in first]
+        assert new_id == first[victim], (first, after)
+
+        def all_dead() -> bool:
+            return len({r.key for r in read_topic(bootstrap, dep.failed, timeout=30)}) == n
+
+        wait_for(all_dead, 120, interval=1, what=f"{n} dead letters")
+    finally:
+        stop_process(sup)
+    dead = _ids(read_topic(bootstrap, dep.failed, timeout=30))
+    tier = _ids(read_topic(bootstrap, dep.tier("1s"), timeout=30))
+    assert set(dead) == set(tier) == {f"e{i}" for i in range(n)}
+    assert max(dead.values()) == 1 and max(tier.values()) == 1, "a duplicate copy"
