@@ -3,7 +3,8 @@
 Path: ``$RETRYD_CHAOS_REPORT``, else ``chaos-report.json`` in pytest's temporary directory.
 A session starts the document afresh and each scenario appends its row as soon as it has its
 numbers, *before* asserting, so a failing scenario is reported too. ``report-full.json`` beside
-this module is the committed full-size run (README, "Reliability").
+this module is the committed full-size run (README, "Reliability"), ``report-cluster-full.json``
+that of the scenarios on a three-node cluster (``test_cluster_*.py``).
 """
 
 from __future__ import annotations
