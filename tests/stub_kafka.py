@@ -355,6 +355,7 @@ class StubProducer:
     conf: dict[str, Any]
     queue_limit: int = 100_000
     fail_topics: dict[str, int] = field(default_factory=dict)  # topic -> KafkaError code
+    fail_next: dict[str, list[int]] = field(default_factory=dict)  # topic -> codes, used once
     hold: bool = False  # keep delivery reports until released (acks in flight)
     pending: list[_Pending] = field(default_factory=list)
     buffer_errors: int = 0
@@ -382,6 +383,9 @@ class StubProducer:
         cb = kw.get("on_delivery")
         if topic in self.fail_topics:
             self.pending.append(_Pending(cb, None, KafkaError(self.fail_topics[topic])))
+            return
+        if self.fail_next.get(topic):
+            self.pending.append(_Pending(cb, None, KafkaError(self.fail_next[topic].pop(0))))
             return
         rec = self.broker.append(
             topic,

@@ -7,7 +7,9 @@ owns the router's side of a record's life: FAILED → ROUTING → ACKED through 
 acknowledgement of one changes nothing.
 
 A copy the broker refuses as too large is replaced by a dead letter without the payload
-(``too_large``); any other refusal stops the run with the input uncommitted.
+(``too_large``); one refused for now (timed out in the client during an outage, too few
+in-sync replicas, a leader moving) is sent again; any other refusal stops the run with the
+input uncommitted.
 
 With ``exactly_once`` a copy is sent only at its partition's *settled frontier* (every lower
 offset settled: ``route_frontier``), and counts as settled as soon as it is sent: the
@@ -42,6 +44,22 @@ from retryd.worker.work import Work
 log = logging.getLogger(__name__)
 
 TOO_LARGE_CODES = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE})
+# Refusals that say "not now", not "never": the copy timed out in the client (an outage longer
+# than message.timeout.ms) or the cluster could not take it yet (fewer in-sync replicas than
+# min.insync.replicas, a leader moving). The input is still uncommitted: send the copy again.
+TRANSIENT_CODES = frozenset(
+    {
+        KafkaError._MSG_TIMED_OUT,
+        KafkaError._TIMED_OUT,
+        KafkaError._TRANSPORT,
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError.NOT_ENOUGH_REPLICAS,
+        KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+    }
+)
 OVERSIZE_MEMO = 1024  # exactly-once: inputs whose copy was refused as too large, remembered
 
 
@@ -65,6 +83,7 @@ class Settler:
         self.stats = BatchStats()
         # (topic, partition, offset) -> (size, broker error) of copies refused as too large
         self._oversize: dict[tuple[str, int, int], tuple[int, str]] = {}
+        self.resent = 0  # copies sent again after a transient refusal
 
     def settle(self, completions: deque[Work]) -> int:
         """Route every finished call that failed (successes settle on their slot); returns
@@ -156,6 +175,9 @@ class Settler:
             seen = self._oversize.get((w.msg.topic, w.msg.partition, w.offset))
             if seen is not None and route.dead_reason != DEAD_TOO_LARGE:
                 return self._send_too_large(w, route, *seen)
+        return self._produce(w, route)
+
+    def _produce(self, w: Work, route: Route) -> bool:
         raw = w.raw
         if raw is not None:  # the client's record: no property hops on this path
             return self.router.send(route, raw.key(), raw.value(), w.msg.partition, w)
@@ -224,6 +246,17 @@ class Settler:
             return
         if too_large:
             self._send_too_large(w, route, size, err.str())
+            return
+        if err.code() in TRANSIENT_CODES and not err.fatal():
+            self.resent += 1
+            log.warning(
+                "%s: routed copy to %s not delivered (%s): sending it again (its input stays "
+                "uncommitted until it is acknowledged)",
+                w.where,
+                route.topic,
+                err.str(),
+            )
+            self._produce(w, route)
             return
         hint = ""
         if err.code() in TOO_LARGE_CODES:

@@ -424,6 +424,31 @@ def test_lost_partitions_discard_their_results(
 
 
 # ------------------------------------------------------------------ faults
+def test_a_copy_refused_for_now_is_sent_again_and_the_worker_keeps_running(
+    broker: StubBroker, tmp_path: Path
+) -> None:
+    """An outage below min.insync.replicas outlasting message.timeout.ms made the copy time
+    out in the client: the worker stopped with exit 3 although the cluster would take the
+    copy a moment later. Transient refusals are sent again; the input waits, uncommitted."""
+    from confluent_kafka import KafkaError
+
+    def fail(m: Message) -> None:
+        if m.retry_number == 0 and m.offset % 2:
+            raise ValueError("route me")
+
+    worker = make_worker(broker, tmp_path, fail)
+    broker.producers[0].fail_next["retry_1s"] = [
+        KafkaError._MSG_TIMED_OUT,
+        KafkaError.NOT_ENOUGH_REPLICAS,
+        KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+    ]
+    send(broker, 10, keys=10)
+    worker.run(until_drained=True)
+    assert worker.settler.resent == 3
+    assert len(broker.records("retry_1s")) == 5  # each routed copy once
+    assert broker.committed_offset(GROUP, MAIN) == 10
+
+
 def test_undeliverable_copy_stops_with_delivery_error_input_uncommitted(
     broker: StubBroker, tmp_path: Path
 ) -> None:
