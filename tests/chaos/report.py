@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tests.conftest import broker_name
+
 REPORT_ENV = "RETRYD_CHAOS_REPORT"
 
 Row = dict[str, Any]
@@ -28,6 +30,7 @@ class ChaosReport:
             "suite": "retryd chaos (tests/chaos)",
             "scale": scale,
             "seed": seed,
+            "broker": broker_name(),
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "machine": {
                 "cpus": os.cpu_count(),
