@@ -141,9 +141,7 @@ def _sigkill_loop(dep: Deployment, tmp_path: Path, messages: int, kills: int) ->
 
 @pytest.mark.slow
 @pytest.mark.parametrize("exactly_once", [False, True], ids=["default", "exactly_once"])
-def test_sigkill_loop_duplicate_copies(
-    bootstrap: str, tmp_path: Path, exactly_once: bool
-) -> None:
+def test_sigkill_loop_duplicate_copies(bootstrap: str, tmp_path: Path, exactly_once: bool) -> None:
     dep = deployment(
         bootstrap,
         tmp_path,

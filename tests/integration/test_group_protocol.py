@@ -8,13 +8,11 @@ partition i of the main topic and of the tier land on one member."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
 from retryd.kafka.apache import resolve_version
-from retryd.runtime.paths import heartbeat_dir
 from tests.integration.worker_support import Deployment, deployment, stop_process
 from tests.support import ON_TANSU, json_lines, wait_for
 
@@ -27,22 +25,10 @@ PARTITIONS = 6
 
 
 def _owned(dep: Deployment, pid: int) -> dict[str, set[int]]:
-    """Partitions a worker process owns, per topic, from its heartbeat file."""
-    path = heartbeat_dir(dep.settings.state_dir) / f"{pid}.json"
-    try:
-        beat = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    out: dict[str, set[int]] = {}
-    for where in beat.get("positions", {}):
-        topic, _, partition = where.rpartition("/")
-        out.setdefault(topic, set()).add(int(partition))
-    return out
+    return dep.owned(pid)
 
 
-def test_a_member_that_joins_later_gets_half_of_every_topic(
-    bootstrap: str, tmp_path: Path
-) -> None:
+def test_a_member_that_joins_later_gets_half_of_every_topic(bootstrap: str, tmp_path: Path) -> None:
     dep = deployment(
         bootstrap, tmp_path, sequence="1s", partitions=PARTITIONS, group_protocol="consumer"
     )

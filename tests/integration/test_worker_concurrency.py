@@ -102,7 +102,12 @@ def test_ordering_holds_at_64_calls_in_flight(
 
 def test_sigkill_one_of_two_workers_with_64_calls_in_flight(bootstrap: str, tmp_path: Path) -> None:
     n = 10_000
-    dep = deployment(bootstrap, tmp_path, sequence="1s", partitions=4, handler=TIMED)
+    # One tier partition: with 4 + 1 partitions the classic cooperative-sticky assignor must
+    # give the second member at least one main-topic partition (with 4 + 4 it may hand it
+    # just the tier, and then A does nearly all the work before B is busy).
+    dep = deployment(
+        bootstrap, tmp_path, sequence="1s", partitions=4, tier_partitions=1, handler=TIMED
+    )
     specs = []
     for i in range(n):
         if i % 10 == 3:
@@ -112,16 +117,24 @@ def test_sigkill_one_of_two_workers_with_64_calls_in_flight(bootstrap: str, tmp_
         else:
             specs.append({"id": f"m{i}", "mode": "slow", "seconds": 0.02})
     by_id = {s["id"]: s for s in specs}
-    produce(
-        bootstrap,
-        dep.main,
-        [(f"k{i % 500}".encode(), json.dumps(s).encode()) for i, s in enumerate(specs)],
-    )
     env = {"RETRYD_MAX_IN_FLIGHT": "64"}
     log_a, log_b = tmp_path / "a.log", tmp_path / "b.log"
     a = dep.spawn_worker(log_a, env=env)
     b = dep.spawn_worker(log_b, env=env)
     try:
+        # both members own main-topic partitions before the load arrives, so A is killed in
+        # the middle of its share instead of after one member raced through the backlog
+        wait_for(
+            lambda: all(dep.owned(p.pid).get(dep.main) for p in (a, b)),
+            60,
+            interval=0.2,
+            what="each worker to own main-topic partitions",
+        )
+        produce(
+            bootstrap,
+            dep.main,
+            [(f"k{i % 500}".encode(), json.dumps(s).encode()) for i, s in enumerate(specs)],
+        )
         # kill A while it has (nearly) 64 calls in flight and B is busy too
         wait_for(
             lambda: (

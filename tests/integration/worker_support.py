@@ -14,6 +14,7 @@ from typing import Any
 
 from retryd.config import Settings, load_settings
 from retryd.handlers.loader import load_handler
+from retryd.runtime.paths import heartbeat_dir
 from retryd.worker.assembly import build_worker
 from retryd.worker.summary import RunSummary
 from tests.integration import handlers
@@ -42,6 +43,20 @@ class Deployment:
             self.main,
             [(str(s["id"]).encode(), json.dumps(s).encode(), headers or []) for s in specs],
         )
+
+    def owned(self, pid: int) -> dict[str, set[int]]:
+        """Partitions a worker process owns, per topic, from its heartbeat file (empty until
+        its first heartbeat): what the group assigned, without asking the broker."""
+        path = heartbeat_dir(self.settings.state_dir) / f"{pid}.json"
+        try:
+            beat = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return {}
+        out: dict[str, set[int]] = {}
+        for where in beat.get("positions", {}):
+            topic, _, partition = where.rpartition("/")
+            out.setdefault(topic, set()).add(int(partition))
+        return out
 
     def run(self, **kwargs: Any) -> RunSummary:
         """Run one in-process worker until drained."""

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from retryd.policy import headers as h
-from retryd.replay.errors import AlreadyReplayed
+from retryd.replay.errors import AlreadyReplayed, ReplayFailed
 from retryd.replay.jobs import JobSpec, ReplayJob
 from retryd.replay.ledger import ReplayLedger
 from retryd.replay.records import RecordFilter
@@ -76,6 +76,9 @@ def test_a_job_and_a_single_replay_replay_one_record_once(monkeypatch: Any, iter
             outcomes.append("replayed")
         except AlreadyReplayed:
             outcomes.append("already_replayed")
+        except ReplayFailed as exc:  # the job holds the claim: refused, nothing written
+            assert "being replayed by another request" in str(exc)
+            outcomes.append("busy")
         finally:
             single_done.set()
 
