@@ -11,7 +11,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -25,6 +25,9 @@ from tests.chaos.scale import SEQUENCE
 from tests.chaos.scenario import Scenario, watch
 from tests.integration.worker_support import REPO, Deployment
 from tests.support import unique, wait_for
+
+if TYPE_CHECKING:
+    from tests.chaos.report import ChaosReport
 
 PARTITIONS = 4
 # Sessions as in the rest of the suite (the cluster accepts 1 s and up): a member whose
@@ -256,3 +259,22 @@ def check(end: Ending) -> None:
     assert end.behind == 0, f"{end.behind} partitions still held uncommitted records"
     assert all(alive for _, alive in end.survivors), f"a worker exited: {end.survivors}"
     assert end.codes == [0, 0], f"SIGTERM at the end: exit statuses {end.codes}"
+
+
+def report_and_check(
+    report: ChaosReport,
+    sc: Scenario,
+    end: Ending,
+    nodes: Nodes,
+    *,
+    fault: str,
+    faults: int,
+    **events: Any,
+) -> None:
+    """Add the scenario's row to the chaos report, then assert what every replicated scenario
+    asserts: the row is written first, so a failing run is reported too."""
+    report.add(
+        sc.row(end.rec, end.behind, faults, fault=fault, **cluster_fields(nodes, sc), **events)
+    )
+    check(end)
+    print(f"\n{end.rec.describe()} {events}")

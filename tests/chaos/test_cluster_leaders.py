@@ -25,8 +25,7 @@ from tests.chaos.ledger import make_plan
 from tests.chaos.replicated import (
     SESSION_TIMEOUT_MS,
     Run,
-    check,
-    cluster_fields,
+    report_and_check,
     sigkill_and_restart,
     start_replicated,
 )
@@ -76,23 +75,20 @@ def test_sigkill_partition_leaders(
         end = run.end()
     finally:
         sc.close()
-    chaos_report.add(
-        sc.row(
-            end.rec,
-            end.behind,
-            len(kills),
-            fault=f"SIGKILL the node leading most main-topic partitions, then the one leading "
-            f"most tier and failed_topic partitions ({size.leader_rounds}x each); down "
-            f"{size.down_s:g}s, restarted, back in sync before the next",
-            **cluster_fields(cluster, sc),
-            kills=len(kills),
-            at_kills=kills,
-        )
+    report_and_check(
+        chaos_report,
+        sc,
+        end,
+        cluster,
+        fault=f"SIGKILL the node leading most main-topic partitions, then the one leading "
+        f"most tier and failed_topic partitions ({size.leader_rounds}x each); down "
+        f"{size.down_s:g}s, restarted, back in sync before the next",
+        faults=len(kills),
+        kills=len(kills),
+        at_kills=kills,
     )
-    check(end)
     assert len(kills) == 2 * size.leader_rounds
     assert all(k["led"] and k["in_flight"] > 0 for k in kills), kills
-    print(f"\n{end.rec.describe()} kills={kills}")
 
 
 @ONE_AT_CI
@@ -117,20 +113,17 @@ def test_sigkill_group_coordinator(
         end = run.end()
     finally:
         sc.close()
-    chaos_report.add(
-        sc.row(
-            end.rec,
-            end.behind,
-            len(kills),
-            fault=f"SIGKILL the node coordinating the consumer group ({size.coordinator_kills}x)"
-            f"; down {size.down_s:g}s, restarted, back in sync before the next",
-            **cluster_fields(cluster, sc),
-            kills=len(kills),
-            at_kills=kills,
-        )
+    report_and_check(
+        chaos_report,
+        sc,
+        end,
+        cluster,
+        fault=f"SIGKILL the node coordinating the consumer group ({size.coordinator_kills}x)"
+        f"; down {size.down_s:g}s, restarted, back in sync before the next",
+        faults=len(kills),
+        kills=len(kills),
+        at_kills=kills,
     )
-    check(end)
     assert len(kills) == size.coordinator_kills
     assert all(k["in_flight"] > 0 for k in kills), kills
     assert all(k["new_coordinator"] != k["node"] for k in kills), kills
-    print(f"\n{end.rec.describe()} kills={kills}")

@@ -23,7 +23,7 @@ import pytest
 
 from tests.chaos.cluster import OFFSETS_TOPIC, Nodes
 from tests.chaos.ledger import make_plan
-from tests.chaos.replicated import Run, check, cluster_fields, start_replicated
+from tests.chaos.replicated import Run, report_and_check, start_replicated
 from tests.chaos.report import ChaosReport
 from tests.chaos.scale import MAX_RETRIES, Sizes, every_cluster_scenario
 from tests.support import wait_for
@@ -79,22 +79,19 @@ def test_sigstop_the_coordinator_past_the_session(
         end = run.end()
     finally:
         sc.close()
-    chaos_report.add(
-        sc.row(
-            end.rec,
-            end.behind,
-            len(pauses),
-            fault=f"SIGSTOP the node coordinating the group for {size.pause_s:g}s (past the "
-            f"broker session: fenced, leaderships moved), then SIGCONT; {size.pauses}x",
-            **cluster_fields(cluster, sc),
-            pauses=len(pauses),
-            at_pauses=pauses,
-        )
+    report_and_check(
+        chaos_report,
+        sc,
+        end,
+        cluster,
+        fault=f"SIGSTOP the node coordinating the group for {size.pause_s:g}s (past the "
+        f"broker session: fenced, leaderships moved), then SIGCONT; {size.pauses}x",
+        faults=len(pauses),
+        pauses=len(pauses),
+        at_pauses=pauses,
     )
-    check(end)
     assert len(pauses) == size.pauses
     assert all(p["in_flight"] > 0 for p in pauses), pauses
-    print(f"\n{end.rec.describe()} pauses={pauses}")
 
 
 def test_rolling_restart_under_load(
@@ -127,22 +124,19 @@ def test_rolling_restart_under_load(
         end = run.end()
     finally:
         sc.close()
-    chaos_report.add(
-        sc.row(
-            end.rec,
-            end.behind,
-            len(restarts),
-            fault=f"rolling restart: each node stopped (SIGTERM, controlled shutdown), started "
-            f"and back in every ISR before the next; {size.rolling_rounds}x all 3 nodes",
-            **cluster_fields(cluster, sc),
-            restarts=len(restarts),
-            at_restarts=restarts,
-        )
+    report_and_check(
+        chaos_report,
+        sc,
+        end,
+        cluster,
+        fault=f"rolling restart: each node stopped (SIGTERM, controlled shutdown), started "
+        f"and back in every ISR before the next; {size.rolling_rounds}x all 3 nodes",
+        faults=len(restarts),
+        restarts=len(restarts),
+        at_restarts=restarts,
     )
-    check(end)
     assert len(restarts) == 3 * size.rolling_rounds
     assert all(r["in_flight"] > 0 for r in restarts), restarts
-    print(f"\n{end.rec.describe()} restarts={restarts}")
 
 
 def _sample_outage(run: Run, seconds: float) -> list[tuple[float, int, int]]:
@@ -213,21 +207,18 @@ def test_two_nodes_down_below_min_insync(
         end = run.end()
     finally:
         sc.close()
-    chaos_report.add(
-        sc.row(
-            end.rec,
-            end.behind,
-            2,
-            fault=f"two of 3 nodes down for {size.outage_s:g}s (one SIGKILLed, one stopped "
-            "once the first was fenced): every partition below min.insync.replicas; then one "
-            "back, then the other",
-            **cluster_fields(cluster, sc),
-            outage=outage,
-        )
+    report_and_check(
+        chaos_report,
+        sc,
+        end,
+        cluster,
+        fault=f"two of 3 nodes down for {size.outage_s:g}s (one SIGKILLed, one stopped "
+        "once the first was fenced): every partition below min.insync.replicas; then one "
+        "back, then the other",
+        faults=2,
+        outage=outage,
     )
-    check(end)
     assert outage["in_flight"] > 0, outage
     assert outage["partitions_below_min_insync"] == outage["partitions"] > 0, outage
     assert outage["dead_while_down"] == 0, f"dead letters written while down: {outage}"
     assert outage["ended_while_quiet"] == 0, f"progress with no writable partition: {outage}"
-    print(f"\n{end.rec.describe()} outage={outage}")
