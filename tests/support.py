@@ -28,6 +28,10 @@ TEST_KAFKA_OVERRIDES = {
     "group.consumer.session.timeout.ms": "6000",
     "group.consumer.min.heartbeat.interval.ms": "500",
     "group.consumer.heartbeat.interval.ms": "1000",
+    # Tests write records with fixed timestamps years in the past (dates in archives, time
+    # windows): with the default 7-day retention the broker's 5-minute retention check deleted
+    # them when it ran between a test's produce and its read (an archive found nothing new).
+    "log.retention.ms": "-1",
 }
 TEST_SESSION_TIMEOUT_MS = 6000 if os.environ.get("RETRYD_TEST_BOOTSTRAP") else 2000
 ON_TANSU = TEST_BROKER == "tansu" and not os.environ.get("RETRYD_TEST_BOOTSTRAP")

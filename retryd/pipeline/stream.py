@@ -7,8 +7,8 @@ range after a crash, so a restarted query reads every record once; the sink deci
 "once" means on its side (the archive drops what it already holds).
 
 - ``initialOffset``: the ``startingOffsets`` of the options, resolved against the broker;
-- ``latestOffset``: each partition's high watermark from a real fetch (never ListOffsets,
-  see ``kafka_io``), new partitions included from their start, capped by the read limit;
+- ``latestOffset``: each partition's end from ListOffsets (``kafka_io.probe_extents``), new
+  partitions included from their start, capped by the read limit;
 - ``partitions``/``read``: the batch source's offset ranges and reader (executors, Arrow).
 
 The reader lives in one long-running Python process on the driver, so it keeps one small
@@ -22,15 +22,15 @@ from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
-from confluent_kafka import OFFSET_BEGINNING, Consumer
+from confluent_kafka import Consumer
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming import datasource as _streaming
 
 from retryd.pipeline.kafka_io import (
     PROBE_TUNING,
     list_partitions,
+    probe_extents,
     range_consumer,
-    read_heads,
     read_range,
     resolve_ranges,
 )
@@ -83,10 +83,9 @@ class RetrydKafkaStreamReader(DataSourceStreamReader, _AvailableNow):
         """High watermark of every partition of the topics (new ones included)."""
         consumer = self._probe()
         tps = list_partitions(consumer, self.opts.topics, self.opts.read_timeout_s)
-        wanted = {tp: positions.get(tp, OFFSET_BEGINNING) for tp in tps}
-        heads = read_heads(consumer, wanted, self.opts.read_timeout_s)
+        extents = probe_extents(consumer, tps, self.opts.read_timeout_s)
         # never behind the position already reached (a lagging replica must not rewind)
-        return {tp: max(heads[tp].high, positions.get(tp, 0)) for tp in tps}
+        return {tp: max(extents[tp][1], positions.get(tp, 0)) for tp in tps}
 
     def initialOffset(self) -> dict[str, Any]:
         starts = {(r.topic, r.partition): r.start for r in resolve_ranges(self.opts)}
