@@ -210,9 +210,10 @@ def async_handler(run: Run, n: int) -> dict:
     return _concurrent(run, n, lambda port: "python:bench.handlers:async_sleep20")
 
 
-def lateness(run: Run, n: int) -> dict:
-    """n messages produced at a steady rate, each failing 1-3 times over tiers 2s, 5s, 10s;
-    lateness = handler call start minus retry_timestamp."""
+def lateness(run: Run, n: int, sequence: str = "2s,5s,10s") -> dict:
+    """n messages produced at a steady rate, each failing 1-3 times over tiers 2s, 5s, 10s
+    (``lateness_jitter``: the same with ``jitter=20%``, each due time moved by up to ±20 % of
+    its delay); lateness = handler call start minus retry_timestamp."""
     rate = 2000.0 if not run.quick else 500.0
     samples_file = run.scratch / f"lateness-{uuid.uuid4().hex[:6]}.txt"
     with h.broker(run.quick) as b:
@@ -222,7 +223,7 @@ def lateness(run: Run, n: int) -> dict:
             b,
             topic,
             "python:bench.handlers:tiers",
-            RETRYD_RETRY_SEQUENCE="2s,5s,10s",
+            RETRYD_RETRY_SEQUENCE=sequence,
             BENCH_LATENESS_FILE=str(samples_file),
         )
         cli.topics_create()
@@ -359,6 +360,20 @@ TARGETS: dict[str, tuple[str, str, str, str, float | None]] = {
     ),
     "lateness_p50": ("lateness", "due lateness p50 (ms), tiers 2s/5s/10s", "p50_ms", "<=", 50),
     "lateness_p99": ("lateness", "due lateness p99 (ms), tiers 2s/5s/10s", "p99_ms", "<=", 250),
+    "lateness_jitter_p99": (
+        "lateness_jitter",
+        "due lateness p99 (ms), tiers 2s/5s/10s with jitter=20%",
+        "p99_ms",
+        "<=",
+        250,
+    ),
+    "lateness_jitter_early": (
+        "lateness_jitter",
+        "calls before their jittered retry_timestamp, tiers 2s/5s/10s with jitter=20%",
+        "early_calls",
+        "<=",
+        0,
+    ),
     "memory": (
         "memory",
         "peak RSS, 1,000,000 vs 10,000 not-yet-due tier records",
@@ -482,7 +497,16 @@ def child(args: argparse.Namespace) -> None:
     print(json.dumps({"seconds": elapsed, "msgs_per_s": int(n) / elapsed, "rss_mb": rss_mb}))
 
 
-SCENARIOS = ("success", "routing", "http", "async", "lateness", "memory", "scale")
+SCENARIOS = (
+    "success",
+    "routing",
+    "http",
+    "async",
+    "lateness",
+    "lateness_jitter",
+    "memory",
+    "scale",
+)
 
 
 def main() -> None:
@@ -529,6 +553,8 @@ def main() -> None:
                     res = async_handler(run, params["n_http"])
                 elif name == "lateness":
                     res = lateness(run, params["n_lateness"])
+                elif name == "lateness_jitter":
+                    res = lateness(run, params["n_lateness"], "2s,5s,10s, jitter=20%")
                 elif name == "scale":
                     res = scale(run, params["n_scale"])
                 else:

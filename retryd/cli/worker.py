@@ -24,7 +24,9 @@ def worker(
     main_topics: str | None = typer.Option(None, help="comma list of source topics"),
     group_id: str | None = typer.Option(None),
     bootstrap_servers: str | None = BootstrapOption,
-    retry_sequence: str | None = typer.Option(None, help="e.g. 5m,5m,30m,30m,30m,1h"),
+    retry_sequence: str | None = typer.Option(
+        None, help="e.g. 5m,5m,30m,30m,30m,1h or exp(1s, x2, max=1h, n=8, jitter=20%)"
+    ),
     failed_topic: str | None = typer.Option(None),
     state_dir: Path | None = typer.Option(None, help="heartbeats and metric files"),
 ) -> None:

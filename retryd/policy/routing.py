@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from retryd.policy.classify import HandlerResult, Outcome
@@ -54,8 +56,10 @@ class RoutePlanner:
     headers are built in one pass instead of through intermediate envelopes."""
 
     __slots__ = (
+        "_backoff",
         "_classes",
         "_dead",
+        "_draw",
         "_group_header",
         "_next",
         "_numbers",
@@ -66,8 +70,15 @@ class RoutePlanner:
 
     MAX_CACHED = 4096  # topic names and error classes are code and config, not data
 
-    def __init__(self, plan: RetryPlan, group: str | None = None) -> None:
+    def __init__(
+        self,
+        plan: RetryPlan,
+        group: str | None = None,
+        draw: Callable[[], float] = random.random,
+    ) -> None:
         self.plan = plan
+        self._backoff = plan.backoff if plan.jitter else None
+        self._draw = draw  # uniform in [0, 1): the jitter of each due time
         self.group = group or plan.group or None
         self._next = [plan.next_destination(n) for n in range(plan.max_retries + 1)]
         self._dead = plan.dead_destination
@@ -121,7 +132,12 @@ class RoutePlanner:
             reason = DEAD_EXHAUSTED if dest.is_dead else None
         else:
             raise ValueError(f"no route for outcome {result.outcome}")
-        due = None if dest.delay_ms is None else now_ms + dest.delay_ms
+        if dest.delay_ms is None:
+            due = None
+        elif self._backoff is None:
+            due = now_ms + dest.delay_ms
+        else:
+            due = self._backoff.due_ms(dest.delay_ms, now_ms, self._draw)
         headers = user_headers(source_headers) if source_headers else []
         append = headers.append
         n = dest.retry_number

@@ -1,4 +1,5 @@
-"""Retry sequences (``5m,5m,30m``): parsing, tier naming and the attempt → destination rule."""
+"""Retry sequences (``5m,5m,30m``, or a policy: ``retryd.policy.backoff``): tier naming and the
+attempt → destination rule."""
 
 from __future__ import annotations
 
@@ -6,30 +7,21 @@ import re
 from dataclasses import dataclass
 
 from retryd.errors import SequenceError
+from retryd.policy.backoff import MAX_DELAY_MS, Backoff, parse_backoff, parse_delay
+
+__all__ = [
+    "MAX_DELAY_MS",
+    "Destination",
+    "RetryPlan",
+    "format_delay",
+    "is_topic_name",
+    "parse_delay",
+    "validate_topic_name",
+]
 
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
-# re.ASCII: \d must not accept digits of other scripts (Arabic-Indic five is not a delay).
-_DELAY_RE = re.compile(r"^\s*(\d+)\s*(ms|s|m|h|d)\s*$", re.ASCII)
-# Upper bound keeps due times and tier retention (factor x delay) far inside int64 milliseconds.
-MAX_DELAY_MS = 365 * _UNIT_MS["d"]
 # Tier topic names must stay valid Kafka topic names: [a-zA-Z0-9._-], at most 249 chars.
 _TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}\Z", re.ASCII)
-
-
-def parse_delay(text: str) -> int:
-    """Return the delay in milliseconds for ``'500ms'``, ``'5m'``, ``'1h'``, …"""
-    match = _DELAY_RE.match(text)
-    if match is None:
-        raise SequenceError(
-            f"invalid delay {text!r}: expected a whole number with a unit ms|s|m|h|d, e.g. '5m'"
-        )
-    value = int(match.group(1))
-    if value <= 0:
-        raise SequenceError(f"invalid delay {text!r}: must be greater than zero")
-    delay_ms = value * _UNIT_MS[match.group(2)]
-    if delay_ms > MAX_DELAY_MS:
-        raise SequenceError(f"invalid delay {text!r}: must be at most 365d")
-    return delay_ms
 
 
 def format_delay(delay_ms: int) -> str:
@@ -74,6 +66,7 @@ class RetryPlan:
     tier_template: str
     failed_topic: str
     group: str = ""
+    jitter: float = 0.0  # fraction of each delay a due time may move (backoff policy)
 
     @classmethod
     def parse(
@@ -84,15 +77,10 @@ class RetryPlan:
         failed_topic: str,
         group: str = "",
     ) -> RetryPlan:
-        parts = [p for p in sequence.split(",")]
-        if not sequence.strip() or any(not p.strip() for p in parts):
-            raise SequenceError(
-                f"invalid retry sequence {sequence!r}: expected a comma list such as '5m,30m,1h'"
-            )
-        delays = tuple(parse_delay(p) for p in parts)
+        backoff = parse_backoff(sequence)
         if "{delay}" not in tier_template:
             raise SequenceError(f"tier template {tier_template!r} must contain '{{delay}}'")
-        plan = cls(delays, tier_template, failed_topic, group)
+        plan = cls(backoff.delays_ms, tier_template, failed_topic, group, backoff.jitter)
         for topic in [*plan.tier_topics, failed_topic]:
             validate_topic_name(topic)
         if failed_topic in plan.tier_topics:
@@ -122,6 +110,17 @@ class RetryPlan:
     @property
     def tier_delays(self) -> dict[str, int]:
         return {self.tier_topic(d): d for d in self.delays_ms}
+
+    @property
+    def backoff(self) -> Backoff:
+        return Backoff(self.delays_ms, self.jitter)
+
+    @property
+    def tier_bounds(self) -> dict[str, int]:
+        """Per tier topic, the latest a copy can be due after it was routed (its delay plus
+        the largest jitter): how far a tier consumer lets a record wait past its own time."""
+        backoff = self.backoff
+        return {topic: backoff.bound_ms(d) for topic, d in self.tier_delays.items()}
 
     def next_destination(self, retries_so_far: int) -> Destination:
         """After ``retries_so_far`` scheduled retries failed again, where does the copy go?

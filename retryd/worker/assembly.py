@@ -142,7 +142,7 @@ def build_worker(
     else:
         producer = producer_factory(worker_producer_config(settings))
         offsets = StoredOffsets(consumer)
-    book = PartitionBook(consumer, plan.tier_delays, owned, offsets)
+    book = PartitionBook(consumer, plan.tier_bounds, owned, offsets)
     scheduler = Scheduler()
     lifecycle = Lifecycle(hooks)
     pool = _pool(settings, handler, scheduler, lifecycle, events)

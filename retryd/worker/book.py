@@ -66,6 +66,8 @@ class PartitionBook:
         self.consumer = consumer
         # where settled prefixes go: the consumer's offset store, or a transaction
         self.offsets: OffsetSink = StoredOffsets(consumer) if offsets is None else offsets
+        # tier topic -> the longest one of its records may wait past its own timestamp: the
+        # tier delay plus the policy's largest jitter (``RetryPlan.tier_bounds``)
         self.tier_delays = dict(tier_delays)
         # ``parts`` may be shared with a reader built before the consumer (the lag reporter)
         self.parts: dict[TP, PartitionState] = {} if parts is None else parts

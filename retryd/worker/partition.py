@@ -72,7 +72,7 @@ class PartitionState:
         self.topic = topic
         self.partition = partition
         self.epoch = next(_epochs)
-        self.delay_ms = delay_ms  # tier delay; None on a main topic
+        self.delay_ms = delay_ms  # tier delay (plus largest jitter); None on a main topic
         self.pending: deque[Work] = deque()
         self.pending_bytes = 0
         self.tail: deque[Work] = deque()

@@ -40,8 +40,12 @@ def test_worker_benchmark_quick_mode_produces_every_row(bootstrap: str) -> None:
         "async",
         "lateness_p50",
         "lateness_p99",
+        "lateness_jitter_p99",
+        "lateness_jitter_early",
         "memory",
         "scale",
     }
     for row in rows:
         assert row["measured"] > 0 or row["row"].startswith("lateness"), row
+    early = next(r for r in rows if r["row"] == "lateness_jitter_early")
+    assert early["measured"] == 0, "a jittered tier record was handled before it was due"

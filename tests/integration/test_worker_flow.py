@@ -77,3 +77,32 @@ def test_non_retryable_goes_straight_to_failed_topic(bootstrap: str, tmp_path: P
     assert read_topic(bootstrap, dep.tier("1s")) == []
     assert len(calls_for("p1")) == 1 and len(calls_for("p2")) == 1
     assert summary.dead_reasons == {"non_retryable": 2}
+
+
+def test_an_exponential_policy_with_jitter_walks_its_tiers_never_early(
+    bootstrap: str, tmp_path: Path
+) -> None:
+    # 1s, 2s, 4s: three tiers derived from the policy; every due time within ±25 % of its delay
+    dep = deployment(bootstrap, tmp_path, sequence="exp(1s, x2, n=3, jitter=25%)")
+    assert dep.settings.plan.tier_topics == [dep.tier("1s"), dep.tier("2s"), dep.tier("4s")]
+    dep.send([{"id": f"j{i}", "mode": "always"} for i in range(30)])
+
+    summary = dep.run()
+
+    assert len(read_topic(bootstrap, dep.failed, expect=30)) == 30
+    offsets: list[float] = []
+    for delay_s in (1, 2, 4):
+        hops = read_topic(bootstrap, dep.tier(f"{delay_s}s"), expect=30)
+        assert len(hops) == 30
+        for hop in hops:
+            moved = int(hop.header(h.RETRY_TIMESTAMP) or 0) - (hop.timestamp + delay_s * 1000)
+            assert abs(moved) <= delay_s * 250 + 5, (delay_s, moved)
+            offsets.append(moved / (delay_s * 1000))
+    # jitter spreads the copies that failed together: not all moved the same way
+    assert min(offsets) < -0.05 and max(offsets) > 0.05
+    for i in range(30):
+        calls = calls_for(f"j{i}")
+        assert [c["retry_number"] for c in calls] == [0, 1, 2, 3]
+        for call in calls[1:]:
+            assert call["called_ms"] >= call["retry_timestamp"], "processed before it was due"
+    assert summary.dead_reasons == {"exhausted": 30}

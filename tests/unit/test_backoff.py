@@ -1,0 +1,136 @@
+"""Backoff policies in ``retry_sequence``: exp/fixed, jitter, and their tiers and due times."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from retryd.errors import SequenceError
+from retryd.policy.backoff import MAX_RETRIES, Backoff, parse_backoff
+from retryd.policy.classify import HandlerResult, Outcome
+from retryd.policy.routing import RoutePlanner
+from retryd.policy.sequence import RetryPlan
+from retryd.worker.intake import effective_due_ms
+
+S = 1000
+
+
+@pytest.mark.parametrize(
+    ("text", "delays_s"),
+    [
+        ("5m,5m,30m", [300, 300, 1800]),
+        ("exp(1s, x2, max=1h, n=8)", [1, 2, 4, 8, 16, 32, 64, 128]),
+        ("exp(1s, x2, max=10s, n=6)", [1, 2, 4, 8, 10, 10]),
+        ("exp(1s, n=4)", [1, 2, 4, 8]),  # x2 unless told
+        ("exp(10s, x1.5, n=3)", [10, 15, 22.5]),
+        ("fixed(30s, n=5)", [30] * 5),
+        (" fixed( 30s , n = 2 ) ", [30, 30]),
+        ("5m,30m, jitter=20%", [300, 1800]),
+    ],
+)
+def test_policies_give_their_delays(text: str, delays_s: list[float]) -> None:
+    assert parse_backoff(text).delays_ms == tuple(round(d * S) for d in delays_s)
+
+
+def test_jitter_in_a_policy_and_after_a_list() -> None:
+    assert parse_backoff("exp(1s, x2, n=3, jitter=20%)").jitter == pytest.approx(0.2)
+    assert parse_backoff("5m, jitter=12.5%").jitter == pytest.approx(0.125)
+    assert parse_backoff("5m,30m").jitter == 0.0
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("exp(1s, x2)", "needs n="),
+        ("fixed(30s)", "needs n="),
+        ("exp(1s, n=0)", "1 to 64"),
+        (f"exp(1s, n={MAX_RETRIES + 1})", "1 to 64"),
+        ("exp(1s, n=x)", "1 to 64"),
+        ("exp(1s, x1, n=3)", "above 1"),
+        ("exp(1s, x0.5, n=3)", "above 1"),
+        ("exp(1s, y2, n=3)", "expected x<number>"),
+        ("exp(1m, max=10s, n=3)", "below the first delay"),
+        ("fixed(30s, n=3, max=1h)", "unknown option 'max'"),
+        ("exp(1s, n=3, speed=2)", "unknown option 'speed'"),
+        ("exp(1s, n=3, n=4)", "given twice"),
+        ("exp(1s, n=3, jitter=60%)", "at most 50%"),
+        ("exp(1s, n=3, jitter=20)", "expected a percentage"),
+        ("exp(1s, n=3", "unbalanced"),
+        ("exp(1s, n=3))", "unbalanced"),
+        ("5m,exp(1s, n=3)", "a policy is the whole sequence"),
+        ("exp(1s, n=3),5m", "a policy is the whole sequence"),
+        ("jitter=10%,5m", "options come after delays"),
+        ("5m,jitter=10%,30m", "a delay after an option"),
+        ("5m,jitter=", "expected name=value"),
+        ("exp(, n=3)", "the first argument is a delay"),
+        ("exp(\u0665s, n=3)", "invalid delay"),  # Arabic-Indic five is not a digit here
+        ("5m," * MAX_RETRIES + "5m", "at most 64 retries"),
+    ],
+)
+def test_bad_policies_are_refused_naming_the_problem(text: str, problem: str) -> None:
+    with pytest.raises(SequenceError) as info:
+        parse_backoff(text)
+    assert problem in str(info.value)
+    assert repr(text) in str(info.value) or "invalid delay" in str(info.value)
+
+
+@given(st.text(max_size=60))
+def test_any_text_parses_or_is_refused_with_a_sequence_error(text: str) -> None:
+    try:
+        backoff = parse_backoff(text)
+    except SequenceError:
+        return
+    assert 1 <= len(backoff.delays_ms) <= MAX_RETRIES
+    assert all(d > 0 for d in backoff.delays_ms)
+    assert 0.0 <= backoff.jitter <= 0.5
+
+
+@given(st.integers(1, 86_400_000), st.floats(0, 0.5), st.floats(0, 1, exclude_max=True))
+def test_a_jittered_due_time_stays_within_its_bound(delay: int, jitter: float, u: float) -> None:
+    backoff = Backoff((delay,), jitter)
+    due = backoff.due_ms(delay, 1_000, lambda: u)
+    assert 1_000 + delay - delay * jitter - 1 <= due <= 1_000 + backoff.bound_ms(delay)
+
+
+def test_jitter_spreads_due_times_of_copies_routed_together() -> None:
+    backoff = Backoff((10_000,), 0.2)
+    draws = iter(i / 100 for i in range(100))
+    dues = {backoff.due_ms(10_000, 0, lambda: next(draws)) for _ in range(100)}
+    assert min(dues) == 8_000 and max(dues) >= 11_900 and len(dues) == 100
+
+
+def test_a_policy_gets_one_tier_per_distinct_delay_and_bounds_with_jitter() -> None:
+    plan = RetryPlan.parse("exp(1s, x2, max=4s, n=5, jitter=10%)", failed_topic="dead")
+    assert plan.max_retries == 5
+    assert plan.tier_topics == ["retry_1s", "retry_2s", "retry_4s"]
+    assert plan.tier_bounds == {"retry_1s": 1_100, "retry_2s": 2_200, "retry_4s": 4_400}
+    assert [plan.next_destination(n).topic for n in range(6)] == [
+        "retry_1s",
+        "retry_2s",
+        "retry_4s",
+        "retry_4s",
+        "retry_4s",
+        "dead",
+    ]
+
+
+def test_routed_copies_carry_jittered_due_times() -> None:
+    plan = RetryPlan.parse("fixed(10s, n=2, jitter=20%)", failed_topic="dead")
+    for u, expected in ((0.0, 8_000), (0.5, 10_000), (0.999_999, 12_000)):
+        planner = RoutePlanner(plan, draw=lambda u=u: u)
+        route = planner.route(
+            "orders", 0, 7, 1, 0, None, None, HandlerResult(Outcome.RETRY, "E", "x"), 100_000
+        )
+        assert route.due_ms == 100_000 + expected
+        assert (b"%d" % route.due_ms) in [v for _, v in route.headers]
+
+
+def test_a_tier_consumer_honours_positive_jitter_but_not_more() -> None:
+    plan = RetryPlan.parse("fixed(10s, n=1, jitter=20%)", failed_topic="dead")
+    bound = plan.tier_bounds["retry_10s"]
+    written = 5_000_000
+    # +15 %: honoured (the tier delay alone would have cut it to 10 s)
+    assert effective_due_ms(written + 11_500, written, bound, written + 10) == written + 11_500
+    # an absurd header: cut to the delay plus the largest jitter
+    assert effective_due_ms(written + 10**9, written, bound, written + 10) == written + 12_000
