@@ -5,6 +5,7 @@
     fixed(30s, n=5)                    30s five times
     exp(1s, x2, n=6, jitter=20%)       each due time moved by up to ±20 % of its delay
     5m,30m, jitter=10%                 options after a list too
+    exp(1s, n=5, quick=2@100ms)        2 in-place retries 100 ms apart before the first tier
 
 A policy only decides *delays*: each distinct delay is one tier topic (named after the nominal
 delay, so jitter never adds topics), and the number of delays is the number of retries before
@@ -12,6 +13,11 @@ delay, so jitter never adds topics), and the number of delays is the number of r
 downstream outage that failed thousands of calls at once must not bring them all back in the
 same millisecond); the tier's consumers honour the jittered ``retry_timestamp`` and bound it by
 the tier delay plus the largest jitter (``Backoff.bound_ms``).
+
+Quick retries (``quick=<n>@<delay>``) call the handler again on the main topic, in the same
+worker, before a copy ever goes to a tier: a blip of a few hundred milliseconds never leaves
+the main partition. The record waits in memory (its partition's offset is not stored
+meanwhile), so both are bounded: at most ``MAX_QUICK`` retries, ``MAX_QUICK_DELAY_MS`` apart.
 
 Pure functions only: parsing happens at start-up and every error names the text it refused.
 """
@@ -39,6 +45,9 @@ MAX_RETRIES = 64
 # Above half the delay, jitter would reorder a tier's copies beyond recognition and let a copy
 # come due in less than half its nominal delay.
 MAX_JITTER = 0.5
+MAX_QUICK = 10
+MAX_QUICK_DELAY_MS = 60_000
+_QUICK_RE = re.compile(r"^(\d{1,2})\s*@\s*(.+)$", re.ASCII)
 
 
 def parse_delay(text: str) -> int:
@@ -63,6 +72,8 @@ class Backoff:
 
     delays_ms: tuple[int, ...]
     jitter: float = 0.0  # fraction of the delay, 0 <= jitter <= MAX_JITTER
+    quick: int = 0  # in-place retries on the main topic before the first tier
+    quick_delay_ms: int = 0  # between two of them
 
     def due_ms(self, delay_ms: int, now_ms: int, draw: Callable[[], float]) -> int:
         """When a copy routed at ``now_ms`` to the tier of ``delay_ms`` comes due; ``draw``
@@ -109,6 +120,22 @@ def _jitter(value: str, text: str) -> float:
     return fraction
 
 
+def _quick(value: str, text: str) -> tuple[int, int]:
+    match = _QUICK_RE.match(value.strip())
+    if match is None:
+        raise SequenceError(
+            f"invalid quick={value!r} in {text!r}: expected <retries>@<delay>, e.g. quick=2@100ms"
+        )
+    n, delay = int(match.group(1)), parse_delay(match.group(2))
+    if not 1 <= n <= MAX_QUICK:
+        raise SequenceError(f"invalid quick={value!r} in {text!r}: 1 to {MAX_QUICK} retries")
+    if delay > MAX_QUICK_DELAY_MS:
+        raise SequenceError(
+            f"invalid quick={value!r} in {text!r}: at most 60s apart (use a tier for longer)"
+        )
+    return n, delay
+
+
 def _count(value: str, text: str) -> int:
     if not _COUNT_RE.match(value.strip()) or not 1 <= int(value) <= MAX_RETRIES:
         raise SequenceError(
@@ -153,7 +180,7 @@ def _function(name: str, body: str, text: str) -> tuple[tuple[int, ...], dict[st
             factor = 2.0
         if not 1.0 < factor <= 100.0:
             raise SequenceError(f"invalid factor x{factor:g} in {text!r}: above 1, at most 100")
-    allowed = {"n", "jitter"} | ({"max"} if name == "exp" else set())
+    allowed = {"n", "jitter", "quick"} | ({"max"} if name == "exp" else set())
     opts = _options(rest, allowed, text)
     if "n" not in opts:
         raise SequenceError(f"{name}(...) in {text!r} needs n=<retries>, e.g. n=5")
@@ -198,7 +225,10 @@ def parse_backoff(text: str) -> Backoff:
         if "=" in item:
             if not delays:
                 raise SequenceError(f"invalid retry sequence {text!r}: options come after delays")
-            options.update(_options([item], {"jitter"}, text))
+            found = _options([item], {"jitter", "quick"}, text)
+            if found.keys() & options.keys():
+                raise SequenceError(f"option {item!r} given twice in {text!r}")
+            options.update(found)
         else:
             if options:
                 raise SequenceError(f"invalid retry sequence {text!r}: a delay after an option")
@@ -206,4 +236,5 @@ def parse_backoff(text: str) -> Backoff:
     if len(delays) > MAX_RETRIES:
         raise SequenceError(f"invalid retry sequence {text!r}: at most {MAX_RETRIES} retries")
     jitter = _jitter(options.pop("jitter"), text) if "jitter" in options else 0.0
-    return Backoff(tuple(delays), jitter)
+    quick, quick_delay = _quick(options.pop("quick"), text) if "quick" in options else (0, 0)
+    return Backoff(tuple(delays), jitter, quick, quick_delay)

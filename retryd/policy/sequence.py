@@ -67,6 +67,8 @@ class RetryPlan:
     failed_topic: str
     group: str = ""
     jitter: float = 0.0  # fraction of each delay a due time may move (backoff policy)
+    quick: int = 0  # in-place retries on the main topic before the first tier
+    quick_delay_ms: int = 0
 
     @classmethod
     def parse(
@@ -80,7 +82,15 @@ class RetryPlan:
         backoff = parse_backoff(sequence)
         if "{delay}" not in tier_template:
             raise SequenceError(f"tier template {tier_template!r} must contain '{{delay}}'")
-        plan = cls(backoff.delays_ms, tier_template, failed_topic, group, backoff.jitter)
+        plan = cls(
+            backoff.delays_ms,
+            tier_template,
+            failed_topic,
+            group,
+            backoff.jitter,
+            backoff.quick,
+            backoff.quick_delay_ms,
+        )
         for topic in [*plan.tier_topics, failed_topic]:
             validate_topic_name(topic)
         if failed_topic in plan.tier_topics:
@@ -113,7 +123,7 @@ class RetryPlan:
 
     @property
     def backoff(self) -> Backoff:
-        return Backoff(self.delays_ms, self.jitter)
+        return Backoff(self.delays_ms, self.jitter, self.quick, self.quick_delay_ms)
 
     @property
     def tier_bounds(self) -> dict[str, int]:

@@ -148,10 +148,17 @@ def build_worker(
     pool = _pool(settings, handler, scheduler, lifecycle, events)
     router = Router(producer, counts)
     planner = RoutePlanner(plan, settings.group_id)
+    waiting: set[PartitionState] = set()  # partitions whose tail holds records not yet due
     settler = Settler(
-        planner, book, router, lifecycle, faults, exactly_once=settings.exactly_once
+        planner,
+        book,
+        router,
+        lifecycle,
+        faults,
+        waiting=waiting,
+        exactly_once=settings.exactly_once,
     )
-    intake = Intake(book, plan, settings.group_id, settings.ordering, settler, faults)
+    intake = Intake(book, plan, settings.group_id, settings.ordering, settler, faults, waiting)
     return Worker(
         WorkerParts(
             settings=settings,

@@ -65,6 +65,7 @@ class Intake:
         ordering: Ordering,
         settler: Settler,
         faults: Faults,
+        waiting: set[PartitionState],
     ) -> None:
         self.book = book
         self.plan = plan
@@ -72,7 +73,9 @@ class Intake:
         self.ordering = ordering
         self.settler = settler
         self.faults = faults
-        self.waiting: set[PartitionState] = set()  # tier partitions with a non-empty tail
+        # partitions with a non-empty tail: tier records not yet due, main-topic records
+        # between two quick retries (shared with the settler, which adds the latter)
+        self.waiting = waiting
         self._new: list[Work] = []
 
     # ------------------------------------------------------------------ records in

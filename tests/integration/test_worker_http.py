@@ -25,6 +25,8 @@ class _Business(BaseHTTPRequestHandler):
         status, payload = 200, b""
         if body == "fail-once" and retry == "0":
             status = 503
+        elif body.startswith("blip-") and sum(1 for b, _, _ in self.seen if b == body) <= 2:
+            status = 503  # a blip: the first two calls of this body fail
         elif body == "missing":
             status, payload = 404, b"no such order"
         elif body == "json-dead":
@@ -87,6 +89,20 @@ def test_worker_routes_by_http_answers(bootstrap: str, tmp_path: Path, business:
     hop = read_topic(bootstrap, dep.tier("1s"), expect=1)
     assert hop[0].key == b"fail-once" and hop[0].header(h.ERROR_CLASS) == b"http_503"
     assert summary.total("dropped") == 1 and summary.total("success") == 2
+
+
+def test_quick_retries_ride_out_a_blip_of_the_business_service(
+    bootstrap: str, tmp_path: Path, business: str
+) -> None:
+    dep = deployment(bootstrap, tmp_path, sequence="1s, quick=2@100ms", handler=business)
+    produce(bootstrap, dep.main, [(b"k%d" % i, b"blip-%d" % i) for i in range(10)])
+
+    summary = dep.run()
+
+    calls = [(body, retry) for body, retry, _ in _Business.seen]
+    assert sorted(calls) == sorted((f"blip-{i}", "0") for i in range(10) for _ in range(3))
+    assert read_topic(bootstrap, dep.tier("1s")) == [] and read_topic(bootstrap, dep.failed) == []
+    assert summary.total("success") == 10 and summary.total("quick_retry") == 20
 
 
 def test_odd_header_values_never_stop_an_http_worker(

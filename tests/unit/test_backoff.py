@@ -33,6 +33,14 @@ def test_policies_give_their_delays(text: str, delays_s: list[float]) -> None:
     assert parse_backoff(text).delays_ms == tuple(round(d * S) for d in delays_s)
 
 
+def test_quick_retries_in_a_policy_and_after_a_list() -> None:
+    backoff = parse_backoff("exp(1s, n=3, quick=2@100ms, jitter=10%)")
+    assert (backoff.quick, backoff.quick_delay_ms, backoff.jitter) == (2, 100, 0.1)
+    plan = RetryPlan.parse("5m, quick=1@2s", failed_topic="dead")
+    assert (plan.quick, plan.quick_delay_ms, plan.max_retries) == (1, 2000, 1)
+    assert plan.tier_topics == ["retry_5m"]  # quick retries need no topic
+
+
 def test_jitter_in_a_policy_and_after_a_list() -> None:
     assert parse_backoff("exp(1s, x2, n=3, jitter=20%)").jitter == pytest.approx(0.2)
     assert parse_backoff("5m, jitter=12.5%").jitter == pytest.approx(0.125)
@@ -66,6 +74,12 @@ def test_jitter_in_a_policy_and_after_a_list() -> None:
         ("exp(, n=3)", "the first argument is a delay"),
         ("exp(\u0665s, n=3)", "invalid delay"),  # Arabic-Indic five is not a digit here
         ("5m," * MAX_RETRIES + "5m", "at most 64 retries"),
+        ("5m, quick=2", "expected <retries>@<delay>"),
+        ("5m, quick=0@100ms", "1 to 10 retries"),
+        ("5m, quick=11@100ms", "1 to 10 retries"),
+        ("5m, quick=2@2m", "at most 60s apart"),
+        ("5m, quick=2@100", "invalid delay"),
+        ("5m, quick=1@1s, quick=2@1s", "given twice"),
     ],
 )
 def test_bad_policies_are_refused_naming_the_problem(text: str, problem: str) -> None:
