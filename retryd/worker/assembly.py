@@ -23,6 +23,7 @@ from confluent_kafka import KafkaException
 from retryd.config import Role, Settings
 from retryd.errors import KafkaRuntimeError, KafkaSetupError
 from retryd.handlers.base import AsyncHandler, Handler, SyncHandler, is_async_handler
+from retryd.handlers.quick import with_quick_retries
 from retryd.kafka.clients import new_consumer, new_producer
 from retryd.policy.routing import RoutePlanner
 from retryd.runtime.heartbeat import HeartbeatWriter
@@ -145,20 +146,15 @@ def build_worker(
     book = PartitionBook(consumer, plan.tier_bounds, owned, offsets)
     scheduler = Scheduler()
     lifecycle = Lifecycle(hooks)
+    # quick retries in place: one longer call to the engine (retryd.handlers.quick)
+    handler = with_quick_retries(
+        handler, plan.quick, plan.quick_delay_ms, settings.handler_timeout_s
+    )
     pool = _pool(settings, handler, scheduler, lifecycle, events)
     router = Router(producer, counts)
     planner = RoutePlanner(plan, settings.group_id)
-    waiting: set[PartitionState] = set()  # partitions whose tail holds records not yet due
-    settler = Settler(
-        planner,
-        book,
-        router,
-        lifecycle,
-        faults,
-        waiting=waiting,
-        exactly_once=settings.exactly_once,
-    )
-    intake = Intake(book, plan, settings.group_id, settings.ordering, settler, faults, waiting)
+    settler = Settler(planner, book, router, lifecycle, faults, exactly_once=settings.exactly_once)
+    intake = Intake(book, plan, settings.group_id, settings.ordering, settler, faults)
     return Worker(
         WorkerParts(
             settings=settings,
@@ -186,7 +182,9 @@ def build_worker(
 def _pool(
     settings: Settings, handler: Handler, scheduler: Scheduler, lifecycle: Lifecycle, events: Events
 ) -> Pool:
-    common = (scheduler, lifecycle, settings.max_in_flight, settings.handler_timeout_s)
+    # the slot's timeout: the handler's, or the whole quick-retry sequence's
+    timeout_s = max(settings.handler_timeout_s, handler.timeout_s)
+    common = (scheduler, lifecycle, settings.max_in_flight, timeout_s)
     if is_async_handler(handler):
         assert isinstance(handler, AsyncHandler)
         return LoopPool(handler, *common, events.abandoned)

@@ -65,7 +65,6 @@ class Intake:
         ordering: Ordering,
         settler: Settler,
         faults: Faults,
-        waiting: set[PartitionState],
     ) -> None:
         self.book = book
         self.plan = plan
@@ -73,9 +72,7 @@ class Intake:
         self.ordering = ordering
         self.settler = settler
         self.faults = faults
-        # partitions with a non-empty tail: tier records not yet due, main-topic records
-        # between two quick retries (shared with the settler, which adds the latter)
-        self.waiting = waiting
+        self.waiting: set[PartitionState] = set()  # tier partitions with a non-empty tail
         self._new: list[Work] = []
 
     # ------------------------------------------------------------------ records in

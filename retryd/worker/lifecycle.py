@@ -3,9 +3,8 @@
 ::
 
     WAITING ─due─▶ QUEUED ─claim─▶ RUNNING ─finish─▶ SUCCEEDED                       (settled)
-       ▲             ▲               │ └─finish/expire─▶ FAILED ─route─▶ ROUTING ─ack─▶ ACKED
-       │             └───requeue─────┘                   │
-       └──────────────────── retry in place (quick) ─────┘
+                     ▲               │ └─finish/expire─▶ FAILED ─route─▶ ROUTING ─ack─▶ ACKED
+                     └───requeue─────┘
     (intake: another group's tier record) ─────────▶ SKIPPED                         (settled)
     any unsettled stage ─release (assignment over)─▶ DISCARDED
 
@@ -46,7 +45,7 @@ if TYPE_CHECKING:
 
 
 class Stage(Enum):
-    WAITING = "waiting"  # held in its partition's tail until due (tier; quick retry)
+    WAITING = "waiting"  # a tier record held in its partition's tail until it is due
     QUEUED = "queued"  # waiting for its key's turn or a free slot
     RUNNING = "running"  # a handler call is in progress
     FAILED = "failed"  # the call failed (or timed out): the poll thread routes a copy
@@ -195,15 +194,6 @@ class Lifecycle:
             if w.stage is not FAILED:
                 return False
             w.stage = ROUTING
-            return True
-
-    def wait(self, w: Work) -> bool:
-        """FAILED → WAITING: the call is retried in place once its quick-retry delay is over
-        (the poll thread queues it again); False when discarded meanwhile."""
-        with self.lock:
-            if w.stage is not FAILED:
-                return False
-            w.stage = WAITING
             return True
 
     def acked(self, w: Work) -> bool:

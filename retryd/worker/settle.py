@@ -30,7 +30,6 @@ from collections.abc import Iterable
 from confluent_kafka import KafkaError
 
 from retryd.errors import DeliveryError
-from retryd.policy.classify import Outcome
 from retryd.policy.oversize import DEAD_TOO_LARGE, route_too_large
 from retryd.policy.routing import Route, RoutePlanner, route_malformed
 from retryd.worker.book import PartitionBook
@@ -73,16 +72,9 @@ class Settler:
         lifecycle: Lifecycle,
         faults: Faults,
         *,
-        waiting: set[PartitionState],
         exactly_once: bool = False,
     ) -> None:
         self.planner = planner
-        # partitions whose tail holds records waiting for their due time (shared with the
-        # intake, which queues them again when due): where a quick retry waits
-        self.waiting = waiting
-        plan = planner.plan
-        self.quick = plan.quick
-        self.quick_delay_ms = plan.quick_delay_ms
         self.book = book
         self.router = router
         self.lifecycle = lifecycle
@@ -106,28 +98,8 @@ class Settler:
             n += 1
             if w.stage is not FAILED:
                 continue  # discarded: its assignment was released
-            if w.quick < self.quick and self._retry_in_place(w, now_ms):
-                continue
             self.route(w, self._plan(w, now_ms))
         return n
-
-    def _retry_in_place(self, w: Work, now_ms: int) -> bool:
-        """A retryable failure of a main-topic record with quick retries left: it waits
-        ``quick_delay_ms`` in its partition's tail and runs again, never leaving the main
-        partition (its offset stays unstored meanwhile)."""
-        result = w.result
-        if w.env is not None or result is None or result.outcome is not Outcome.RETRY:
-            return False  # tier records, and failures that are not worth another call
-        st = w.part
-        if st.closing or not self.lifecycle.wait(w):
-            return False
-        w.quick += 1
-        w.due = now_ms + self.quick_delay_ms
-        st.tail.append(w)
-        st.tail_bytes += w.size
-        self.waiting.add(st)
-        self.stats.outcomes[(w.msg.topic, "quick_retry")] += 1
-        return True
 
     def _plan(self, w: Work, now_ms: int) -> Route:
         result = w.result

@@ -30,7 +30,6 @@ class Work:
         "next",
         "offset",
         "part",
-        "quick",
         "raw",
         "result",
         "route",
@@ -47,8 +46,7 @@ class Work:
     attempt: int  # handler calls claimed so far; a stale call's result is ignored
     lock: Hashable | None  # ordering key: records with the same lock never overlap
     next: Work | None  # the record of the same lock queued behind this one
-    due: int  # tier records: effective due time (epoch ms); main topics: next quick retry
-    quick: int  # quick retries in place so far (main topics, before the first tier)
+    due: int  # tier records: effective due time (epoch ms); 0 on main topics
     size: int  # value bytes (buffer accounting)
     result: HandlerResult | None
     route: Route | None  # exactly-once: the copy planned, sent once every lower offset settled
@@ -91,7 +89,6 @@ def new_work(raw: Any, topic: str, partition: int, offset: int, part: PartitionS
     w.offset = offset
     w.part = part
     w.due = 0
-    w.quick = 0
     w.stage = QUEUED
     w.attempt = 0
     w.next = None
@@ -108,7 +105,6 @@ def work_of_message(message: Message, part: PartitionState) -> Work:
     w.offset = message.offset
     w.part = part
     w.due = 0
-    w.quick = 0
     w.stage = QUEUED
     w.attempt = 0
     w.next = None
