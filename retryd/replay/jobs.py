@@ -404,7 +404,9 @@ class ReplayJob:
             self.progress.stop_reason = reason
             self.progress.finished_at = time.time()
             self._finished_mono = time.monotonic()
-        self._done.set()
+        # Log first, then wake waiters: `retryd replay` exits as soon as its job is done, and
+        # an audit line written after that could be lost with the process (seen in tests as
+        # "I/O operation on closed file" from the job's thread after the command returned).
         audit.job_event(
             "finished",
             actor=self.spec.actor,
@@ -423,6 +425,7 @@ class ReplayJob:
             self.progress.skipped,
             self.progress.failed,
         )
+        self._done.set()
 
     def rate(self) -> float:
         """Replays per second: over the last few seconds while running, overall once done."""
