@@ -21,6 +21,7 @@ the moment this worker first saw it, never freeze a tier partition.
 from __future__ import annotations
 
 import logging
+from collections import deque
 from typing import Any
 
 from confluent_kafka import KafkaError
@@ -34,7 +35,7 @@ from retryd.worker.book import PartitionBook
 from retryd.worker.events import BatchStats
 from retryd.worker.faults import Faults
 from retryd.worker.lifecycle import FAILED, QUEUED, SKIPPED, WAITING
-from retryd.worker.partition import PartitionState
+from retryd.worker.partition import NEVER, PartitionState
 from retryd.worker.reading import readable_headers
 from retryd.worker.settle import Settler
 from retryd.worker.work import Work, new_work
@@ -141,6 +142,8 @@ class Intake:
             w.stage = WAITING
             st.tail.append(w)
             st.tail_bytes += w.size
+            if w.due < st.tail_due:
+                st.tail_due = w.due
             self.waiting.add(st)
             return
         self._queue(w, st, raw.key() if by_key else None)
@@ -162,42 +165,80 @@ class Intake:
         self.settler.route(w, route)
 
     def release_due(self, now_ms: int) -> None:
-        """Queue the tier records whose due time has come (heads of the tails)."""
+        """Queue the tier records whose due time has come.
+
+        Due times in a tail are not in offset order when the policy has jitter (a copy routed
+        later may be due earlier), so a tail is not released head first: every due record goes
+        unless an earlier record that must run before it still waits, i.e. one of its key
+        (``ordering=key``) or any (``ordering=partition``). A tail is scanned only once its
+        ``tail_due`` has come, so a partition whose records all wait costs nothing."""
         if not self.waiting:
             return
         emptied = []
-        by_key = self.ordering is Ordering.KEY
+        ordering = self.ordering
+        by_key = ordering is Ordering.KEY
+        # Without jitter due times follow offsets (within a tier delay): head first is exact.
+        head_first = ordering is Ordering.PARTITION or not self.plan.jitter
         for st in self.waiting:
-            tail = st.tail
-            while tail and tail[0].due <= now_ms:
-                w = tail.popleft()
-                st.tail_bytes -= w.size
-                if st.closing:
-                    continue
-                w.stage = QUEUED
-                try:
-                    key = w.raw.key() if by_key else None
-                except Exception as exc:  # pragma: no cover - read once already at intake
-                    self._malformed(w, f"unreadable key: {exc}", now_ms)
-                    continue
-                self._queue(w, st, key)
-            if not tail:
+            if st.tail_due > now_ms:
+                continue
+            if head_first:
+                self._release_head(st, now_ms, by_key)
+                st.tail_due = st.tail[0].due if st.tail else NEVER
+            else:
+                self._release_scan(st, now_ms, by_key)
+                st.tail_due = _next_due(st.tail, now_ms, by_key)
+            if not st.tail:
                 emptied.append(st)
         for st in emptied:
             self.waiting.discard(st)
 
+    def _release_head(self, st: PartitionState, now_ms: int, by_key: bool) -> None:
+        """Release from the head while due (strict offset order)."""
+        tail = st.tail
+        while tail and tail[0].due <= now_ms:
+            w = tail.popleft()
+            st.tail_bytes -= w.size
+            self._requeue(w, st, by_key, now_ms)
+
+    def _release_scan(self, st: PartitionState, now_ms: int, by_key: bool) -> None:
+        """Release every due record whose key has no earlier record still waiting (any due
+        record with ``ordering=none``)."""
+        kept: deque[Work] = deque()
+        blocked: set[bytes | None] = set()
+        for w in st.tail:
+            key = _key(w) if by_key else None
+            if w.due <= now_ms and key not in blocked:
+                st.tail_bytes -= w.size
+                self._requeue(w, st, by_key, now_ms)
+            else:
+                kept.append(w)
+                if by_key:
+                    blocked.add(key)
+        st.tail = kept
+
+    def _requeue(self, w: Work, st: PartitionState, by_key: bool, now_ms: int) -> None:
+        if st.closing:
+            return
+        w.stage = QUEUED
+        try:
+            key = w.raw.key() if by_key else None
+        except Exception as exc:  # pragma: no cover - read once already at intake
+            self._malformed(w, f"unreadable key: {exc}", now_ms)
+            return
+        self._queue(w, st, key)
+
     def next_due_ms(self) -> int | None:
         due = None
         for st in self.waiting:
-            if st.tail:
-                head = st.tail[0].due
-                if due is None or head < due:
-                    due = head
+            if st.tail and (due is None or st.tail_due < due):
+                due = st.tail_due
         return due
 
     def forget(self, st: PartitionState) -> None:
         st.tail.clear()
         st.tail_bytes = 0
+        st.tail_due = NEVER
         self.waiting.discard(st)
 
     # ------------------------------------------------------------------ client events
@@ -237,6 +278,28 @@ class Intake:
         if new:
             self._new = []
         return new
+
+
+def _key(w: Work) -> bytes | None:
+    try:
+        key: bytes | None = w.raw.key()
+    except Exception:  # read once already at intake; a failure now blocks nothing
+        return None
+    return key
+
+
+def _next_due(tail: deque[Work], now_ms: int, by_key: bool) -> int:
+    """The earliest time anything in ``tail`` can be released: the earliest not-yet-due
+    record's due time (a due record still in the tail waits for an earlier one of its key, which
+    is not due yet). ``now_ms`` when a due record waits for nothing (ordering=none)."""
+    due = NEVER
+    for w in tail:
+        if w.due > now_ms:
+            if w.due < due:
+                due = w.due
+        elif not by_key:
+            return now_ms
+    return due
 
 
 def _timestamp(raw: Any) -> int:

@@ -32,6 +32,9 @@ PAUSE_BACKLOG = 16  # the pool has been behind for a while: consume() serves the
 _epochs = itertools.count(1)
 
 
+NEVER = 2**63 - 1  # a due time no record has
+
+
 class PartitionState:
     """One assignment of one partition: its consumed records, in offset order, until their
     offsets can be stored.
@@ -65,6 +68,7 @@ class PartitionState:
         "stored",
         "tail",
         "tail_bytes",
+        "tail_due",
         "topic",
     )
 
@@ -77,6 +81,9 @@ class PartitionState:
         self.pending_bytes = 0
         self.tail: deque[Work] = deque()
         self.tail_bytes = 0
+        # the earliest due time among tail records that wait for their time (not for an
+        # earlier record of their key): nothing in the tail can be released before it
+        self.tail_due = NEVER
         self.paused = 0  # PAUSE_* mask
         self.position: int | None = None  # next offset to consume
         self.eof_at: int | None = None  # high watermark from the last end-of-partition event

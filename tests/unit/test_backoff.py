@@ -2,16 +2,26 @@
 
 from __future__ import annotations
 
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from retryd.errors import SequenceError
+from retryd.handlers.base import Message
+from retryd.policy import headers as h
 from retryd.policy.backoff import MAX_RETRIES, Backoff, parse_backoff
 from retryd.policy.classify import HandlerResult, Outcome
 from retryd.policy.routing import RoutePlanner
 from retryd.policy.sequence import RetryPlan
 from retryd.worker.intake import effective_due_ms
+from tests.stub_kafka import StubBroker
+from tests.support import wait_for
+from tests.unit.test_engine_loop import make_worker
 
 S = 1000
 
@@ -148,3 +158,51 @@ def test_a_tier_consumer_honours_positive_jitter_but_not_more() -> None:
     assert effective_due_ms(written + 11_500, written, bound, written + 10) == written + 11_500
     # an absurd header: cut to the delay plus the largest jitter
     assert effective_due_ms(written + 10**9, written, bound, written + 10) == written + 12_000
+
+
+def _tier_copy(broker: Any, key: bytes, due_ms: int, now_ms: int) -> None:
+    broker.append(
+        "retry_1s",
+        key,
+        key,
+        [
+            (h.RETRY_NUMBER, b"1"),
+            (h.RETRY_TIMESTAMP, b"%d" % due_ms),
+            (h.ORIGINAL_TOPIC, b"orders"),
+            (h.ORIGINAL_PARTITION, b"0"),
+            (h.ORIGINAL_OFFSET, b"0"),
+        ],
+        partition=0,
+        timestamp=now_ms,
+    )
+
+
+def test_a_jittered_tier_releases_due_records_past_a_later_one_but_keeps_key_order(
+    tmp_path: Path,
+) -> None:
+    """With jitter a tier's due times are not in offset order: a copy due later must not hold
+    back the due ones behind it (head-of-line lateness), except those of its own key."""
+    broker = StubBroker()
+    started: dict[bytes, float] = {}
+
+    def handler(m: Message) -> None:
+        started.setdefault(m.value or b"", time.monotonic())
+
+    worker = make_worker(broker, tmp_path, handler, sequence="fixed(1s, n=1, jitter=50%)")
+    now = int(time.time() * 1000)
+    _tier_copy(broker, b"a", now + 1_400, now)  # offset 0: due in 1.4 s
+    _tier_copy(broker, b"b", now, now)  # offset 1: another key, due now
+    _tier_copy(broker, b"a", now, now)  # offset 2: key a again, due now, behind offset 0
+    began = time.monotonic()
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: len(started) == 2 or b"a" in started, 10, what="the due record")
+        first = min(started.items(), key=lambda kv: kv[1])
+        assert first[0] == b"b" and first[1] - began < 1.0, started
+        wait_for(lambda: b"a" in started, 10, what="key a once due")
+        assert started[b"a"] - began >= 1.2, "key a's later record ran before its earlier one"
+    finally:
+        worker.stop()
+        thread.join(10)
+    assert broker.committed_offset("g", "retry_1s") == 3
