@@ -126,6 +126,12 @@ class RetryPlan:
         return Backoff(self.delays_ms, self.jitter, self.quick, self.quick_delay_ms)
 
     @property
+    def tier_floors(self) -> dict[str, int]:
+        """Per tier topic, the earliest a copy can be due after it was routed (its delay minus
+        the largest jitter): how soon a record not yet fetched can come due."""
+        return {topic: d - int(d * self.jitter) for topic, d in self.tier_delays.items()}
+
+    @property
     def tier_bounds(self) -> dict[str, int]:
         """Per tier topic, the latest a copy can be due after it was routed (its delay plus
         the largest jitter): how far a tier consumer lets a record wait past its own time."""

@@ -143,7 +143,7 @@ def build_worker(
     else:
         producer = producer_factory(worker_producer_config(settings))
         offsets = StoredOffsets(consumer)
-    book = PartitionBook(consumer, plan.tier_bounds, owned, offsets)
+    book = PartitionBook(consumer, plan.tier_bounds, owned, offsets, plan.tier_floors)
     scheduler = Scheduler()
     lifecycle = Lifecycle(hooks)
     # quick retries in place: one longer call to the engine (retryd.handlers.quick)

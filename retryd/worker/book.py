@@ -62,8 +62,12 @@ class PartitionBook:
         tier_delays: Mapping[str, int],
         parts: dict[TP, PartitionState] | None = None,
         offsets: OffsetSink | None = None,
+        tier_floors: Mapping[str, int] | None = None,
     ) -> None:
         self.consumer = consumer
+        # tier topic -> the earliest one of its records can be due after its own timestamp
+        # (``RetryPlan.tier_floors``; the delay itself without jitter)
+        self.tier_floors = dict(tier_floors or {})
         # where settled prefixes go: the consumer's offset store, or a transaction
         self.offsets: OffsetSink = StoredOffsets(consumer) if offsets is None else offsets
         # tier topic -> the longest one of its records may wait past its own timestamp: the
@@ -80,6 +84,7 @@ class PartitionBook:
         states = []
         for p in partitions:
             st = PartitionState(p.topic, p.partition, self.tier_delays.get(p.topic))
+            st.floor_ms = self.tier_floors.get(p.topic, st.delay_ms)
             self.parts[(p.topic, p.partition)] = st
             self.by_topic.setdefault(p.topic, {})[p.partition] = st
             states.append(st)

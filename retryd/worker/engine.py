@@ -191,7 +191,12 @@ class Worker:
         self._settle_once()
         s = self.settings
         flow_control(
-            self.book, s.partition_buffer, s.tier_buffer, s.buffer_bytes, self.router.blocked
+            self.book,
+            s.partition_buffer,
+            s.tier_buffer,
+            s.buffer_bytes,
+            self.router.blocked,
+            _now_ms(),
         )
         self.book.store()
         if self.offsets.tick() is Committed.ABORTED:

@@ -15,6 +15,12 @@ from __future__ import annotations
 from retryd.worker.book import PartitionBook
 from retryd.worker.partition import PAUSE_BUFFER, PAUSE_MEMORY, PAUSE_PRODUCER, PAUSE_TAIL
 
+# A full tier tail resumes this long before a record not fetched yet could come due (a fetch
+# and a poll iteration), and holds at most this many times ``tier_buffer`` records that way
+# (``buffer_bytes`` bounds every tail's bytes in any case).
+RESUME_AHEAD_MS = 500
+TAIL_CAP = 4
+
 
 def flow_control(
     book: PartitionBook,
@@ -22,6 +28,7 @@ def flow_control(
     tier_buffer: int,
     buffer_bytes: int,
     producer_blocked: bool,
+    now_ms: int | None = None,
 ) -> None:
     """Apply every limit once (called by the poll thread each iteration).
 
@@ -53,10 +60,18 @@ def flow_control(
         if st.delay_ms is None:
             continue
         waiting = len(st.tail)
-        if waiting >= tier_buffer or (tails_full and waiting):
+        # Records not fetched yet come after the newest one in the tail: none can be due before
+        # its timestamp plus the tier's shortest (jittered) delay. From shortly before then a
+        # full tail must not keep them out, or they are late by up to the jitter's spread.
+        due_soon = (
+            now_ms is not None
+            and 0 < waiting < TAIL_CAP * tier_buffer
+            and now_ms + RESUME_AHEAD_MS >= st.tail[-1].msg.timestamp + (st.floor_ms or 0)
+        )
+        if (waiting >= tier_buffer and not due_soon) or (tails_full and waiting):
             if not st.paused & PAUSE_TAIL:
                 book.set_pause(st, PAUSE_TAIL, True)
-        elif st.paused & PAUSE_TAIL and waiting <= tail_low and tails_low:
+        elif st.paused & PAUSE_TAIL and tails_low and (waiting <= tail_low or due_soon):
             book.set_pause(st, PAUSE_TAIL, False)
     if working >= buffer_bytes:
         book.pause_all(PAUSE_MEMORY, True)

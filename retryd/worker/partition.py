@@ -55,6 +55,7 @@ class PartitionState:
         "delay_ms",
         "eof_at",
         "epoch",
+        "floor_ms",
         "known_end",
         "lost",
         "partition",
@@ -77,6 +78,7 @@ class PartitionState:
         self.partition = partition
         self.epoch = next(_epochs)
         self.delay_ms = delay_ms  # tier delay (plus largest jitter); None on a main topic
+        self.floor_ms = delay_ms  # tier delay minus largest jitter: set by the book
         self.pending: deque[Work] = deque()
         self.pending_bytes = 0
         self.tail: deque[Work] = deque()

@@ -13,6 +13,7 @@ from retryd.handlers.base import Message
 from retryd.policy.routing import Route
 from retryd.worker.book import PartitionBook
 from retryd.worker.events import BatchStats, Buckets, SlotStats
+from retryd.worker.flow import flow_control
 from retryd.worker.intake import effective_due_ms
 from retryd.worker.lifecycle import RUNNING, SUCCEEDED
 from retryd.worker.partition import PAUSE_BUFFER, PAUSE_PRODUCER, PartitionState
@@ -224,7 +225,6 @@ def test_run_summary_is_a_sink_of_batch_events() -> None:
 
 # ------------------------------------------------------------------ flow control
 def test_flow_control_pauses_at_each_limit_and_resumes_at_half() -> None:
-    from retryd.worker.flow import flow_control
 
     broker = StubBroker()
     broker.create("main", 1)
@@ -260,6 +260,34 @@ def test_flow_control_pauses_at_each_limit_and_resumes_at_half() -> None:
     main.pending_bytes = 100
     flow_control(book, partition_buffer=10, tier_buffer=4, buffer_bytes=100, producer_blocked=False)
     assert consumer.paused == {("main", 0), ("tier", 0)}  # memory: everything pauses
+
+
+def test_a_full_jittered_tier_tail_resumes_before_unfetched_records_can_come_due() -> None:
+    """A tier with a 10 s delay and 20 % jitter: a record not fetched yet is due at the
+    earliest 8 s after the newest one in the tail. The full tail stays paused until shortly
+    before then, and no longer (or those records would be late by up to the jitter's spread);
+    past four times ``tier_buffer`` it stays paused whatever the time."""
+    broker = StubBroker()
+    broker.create("tier", 1)
+    consumer = broker.consumer({"group.id": "g"})
+    book = PartitionBook(consumer, {"tier": 12_000}, tier_floors={"tier": 8_000})
+    [tier] = book.assign([TopicPartition("tier", 0)])
+    newest = 1_000_000
+    for i in range(4):
+        w = work_of_message(Message(topic="tier", offset=i, timestamp=newest - 10 + i), tier)
+        w.size = 10
+        tier.tail.append(w)
+    args = {"partition_buffer": 100, "tier_buffer": 4, "buffer_bytes": 10**9}
+    flow_control(book, **args, producer_blocked=False, now_ms=newest + 1_000)
+    assert consumer.paused == {("tier", 0)}  # full, and nothing unfetched can be due for 7 s
+    flow_control(book, **args, producer_blocked=False, now_ms=newest + 7_600)
+    assert consumer.paused == set()  # 0.4 s before the first unfetched one could be due
+    for i in range(4, 16):
+        w = work_of_message(Message(topic="tier", offset=i, timestamp=newest - 10), tier)
+        w.size = 10
+        tier.tail.append(w)
+    flow_control(book, **args, producer_blocked=False, now_ms=newest + 7_600)
+    assert consumer.paused == {("tier", 0)}  # 16 = 4 x tier_buffer: the hard cap
 
 
 def test_collector_takes_a_call_recorded_while_it_was_reading() -> None:
