@@ -32,7 +32,9 @@ _STYLE = {
 }
 
 MainTopicsOption = typer.Option(None, "--main-topics", "-m", help="Comma list of main topics")
-SequenceOption = typer.Option(None, "--retry-sequence", help="Retry delays, e.g. '5m,30m,1h'")
+SequenceOption = typer.Option(
+    None, "--retry-sequence", help="Retry delays, e.g. '5m,30m,1h' or 'exp(1s, x2, max=1h, n=8)'"
+)
 PartitionsOption = typer.Option(
     None, "--tier-partitions", help="Partitions of the retry topics (default: main topics')"
 )

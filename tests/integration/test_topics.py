@@ -264,3 +264,41 @@ def test_cli_min_insync_replicas(bootstrap: str, main_topics: list[str]) -> None
     assert differs.returncode == 1
     for name, kind in zip(names, ("tier", "failed", "ledger"), strict=True):
         assert f"{kind} topic {name} has min.insync.replicas=1, planned 2" in differs.stdout
+
+
+def test_cli_derives_every_tier_of_a_backoff_policy(
+    bootstrap: str, main_topics: list[str], tmp_path: Path
+) -> None:
+    group = unique("pol")
+    common = [
+        "-b",
+        bootstrap,
+        "--main-topics",
+        ",".join(main_topics),
+        "--retry-sequence",
+        "exp(1s, x2, max=4s, n=5, jitter=20%, quick=2@100ms)",
+    ]
+    env = {
+        **os.environ,
+        "RETRYD_GROUP_ID": group,
+        "RETRYD_TIER_TEMPLATE": "{group}.retry_{delay}",
+        "RETRYD_FAILED_TOPIC": f"{group}.failed",
+        "RETRYD_LEDGER_TOPIC": f"{group}.ledger",
+    }
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*RETRYD, *args], capture_output=True, text=True, timeout=120, env=env, check=False
+        )
+
+    created = cli("topics", "create", *common)
+    assert created.returncode == 0, created.stdout + created.stderr
+    assert "ok: 5 created" in created.stdout  # tiers 1s, 2s, 4s + failed + ledger
+    for delay in ("1s", "2s", "4s"):
+        assert f"{group}.retry_{delay}" in created.stdout
+    assert cli("topics", "check", *common).returncode == 0
+
+    bad = cli("topics", "check", *common[:-1], "exp(1s, x2, n=3, jitter=80%)")
+    assert bad.returncode == 2, bad.stdout + bad.stderr
+    assert "invalid jitter '80%'" in bad.stderr and "at most 50%" in bad.stderr
+    assert "Traceback" not in bad.stderr
