@@ -170,10 +170,24 @@ def test_unreachable_cluster(bootstrap: str) -> None:
         plan_topics(s, make_admin(s), timeout_s=2)
 
 
-def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [*RETRYD, *args], capture_output=True, text=True, timeout=120, cwd=cwd, check=False
+        [*RETRYD, *args], capture_output=True, text=True, timeout=120, cwd=cwd, env=env, check=False
     )
+
+
+def group_env(group: str) -> dict[str, str]:
+    """The environment without any RETRYD_* setting of the caller, naming ``group``'s own
+    tiers, failed topic and ledger."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RETRYD_")}
+    return env | {
+        "RETRYD_GROUP_ID": group,
+        "RETRYD_FAILED_TOPIC": f"{group}.failed",
+        "RETRYD_LEDGER_TOPIC": f"{group}.ledger",
+        "RETRYD_TIER_TEMPLATE": "{group}.retry_{delay}",
+    }
 
 
 def test_cli_create_then_check(bootstrap: str, main_topics: list[str], tmp_path: Path) -> None:
@@ -232,18 +246,10 @@ def test_cli_min_insync_replicas(bootstrap: str, main_topics: list[str]) -> None
         "--retry-sequence",
         "1s",
     ]
-    env_names = {
-        "RETRYD_GROUP_ID": group,
-        "RETRYD_FAILED_TOPIC": f"{group}.failed",
-        "RETRYD_LEDGER_TOPIC": f"{group}.ledger",
-        "RETRYD_TIER_TEMPLATE": "{group}.retry_{delay}",
-    }
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RETRYD_")} | env_names
+    env = group_env(group)
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [*RETRYD, *args], capture_output=True, text=True, timeout=120, env=env, check=False
-        )
+        return run_cli(*args, env=env)
 
     created = cli(
         "topics", "create", *common, "--replication-factor", "1", "--min-insync-replicas", "1"
@@ -278,18 +284,10 @@ def test_cli_derives_every_tier_of_a_backoff_policy(
         "--retry-sequence",
         "exp(1s, x2, max=4s, n=5, jitter=20%, quick=2@100ms)",
     ]
-    env = {
-        **os.environ,
-        "RETRYD_GROUP_ID": group,
-        "RETRYD_TIER_TEMPLATE": "{group}.retry_{delay}",
-        "RETRYD_FAILED_TOPIC": f"{group}.failed",
-        "RETRYD_LEDGER_TOPIC": f"{group}.ledger",
-    }
+    env = group_env(group)
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [*RETRYD, *args], capture_output=True, text=True, timeout=120, env=env, check=False
-        )
+        return run_cli(*args, env=env)
 
     created = cli("topics", "create", *common)
     assert created.returncode == 0, created.stdout + created.stderr
