@@ -152,19 +152,20 @@ def probe_extents(consumer: Consumer, tps: list[TP], timeout_s: float) -> dict[T
     0.2-1.2 s at the end of a partition on Kafka: a fetch there waits for data.)"""
     if not tps:
         return {}
-    ends: dict[int, dict[TP, int]] = {}
-    for side, spec in ((0, OFFSET_BEGINNING), (1, OFFSET_END)):
-        query = [TopicPartition(t, p, spec) for t, p in tps]
-        try:
-            answer = consumer.offsets_for_times(query, timeout=timeout_s)
-        except KafkaException as exc:
-            raise KafkaReadError(f"listing offsets failed: {exc}") from exc
-        for tp in answer:
-            if tp.error is not None or tp.offset < 0:
-                what = tp.error or f"offset {tp.offset}"
-                raise KafkaReadError(f"{tp.topic}[{tp.partition}]: listing offsets: {what}")
-            ends.setdefault(side, {})[(tp.topic, tp.partition)] = tp.offset
-    return {tp: (min(ends[0][tp], ends[1][tp]), ends[1][tp]) for tp in tps}
+    low = _list_offsets(consumer, tps, OFFSET_BEGINNING, timeout_s)
+    high = _list_offsets(consumer, tps, OFFSET_END, timeout_s)
+    return {tp: (min(low[tp], high[tp]), high[tp]) for tp in tps}
+
+
+def _list_offsets(consumer: Consumer, tps: list[TP], spec: int, timeout_s: float) -> dict[TP, int]:
+    """One batched ListOffsets request: ``spec`` is OFFSET_BEGINNING or OFFSET_END."""
+    found = offsets_for_times(consumer, dict.fromkeys(tps, spec), timeout_s, "listing offsets")
+    out: dict[TP, int] = {}
+    for (topic, part), offset in found.items():
+        if offset is None:
+            raise KafkaReadError(f"{topic}[{part}]: listing offsets: no offset")
+        out[(topic, part)] = offset
+    return out
 
 
 def read_samples(
@@ -198,20 +199,25 @@ def read_samples(
 
 
 def offsets_for_times(
-    consumer: Consumer, wanted: Mapping[TP, int], timeout_s: float
+    consumer: Consumer,
+    wanted: Mapping[TP, int],
+    timeout_s: float,
+    what: str = "offsets for times",
 ) -> dict[TP, int | None]:
-    """Earliest offset whose timestamp is >= the given epoch ms, or None when there is none."""
+    """Earliest offset whose timestamp is >= the given epoch ms, or None when there is none
+    (OFFSET_BEGINNING / OFFSET_END as the "timestamp": the log start / end; errors then say
+    ``what`` they were doing)."""
     if not wanted:
         return {}
     query = [TopicPartition(t, p, ts) for (t, p), ts in wanted.items()]
     try:
         answer = consumer.offsets_for_times(query, timeout=timeout_s)
     except KafkaException as exc:
-        raise KafkaReadError(f"offsets for timestamps failed: {exc}") from exc
+        raise KafkaReadError(f"{what} failed: {exc}") from exc
     out: dict[TP, int | None] = {}
     for tp in answer:
         if tp.error is not None:
-            raise KafkaReadError(f"{tp.topic}[{tp.partition}]: offsets for times: {tp.error}")
+            raise KafkaReadError(f"{tp.topic}[{tp.partition}]: {what}: {tp.error}")
         out[(tp.topic, tp.partition)] = tp.offset if tp.offset >= 0 else None
     return out
 

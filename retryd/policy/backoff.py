@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from retryd.errors import SequenceError
 
-_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 # re.ASCII: \d must not accept digits of other scripts (Arabic-Indic five is not a delay).
 _DELAY_RE = re.compile(r"^\s*(\d+)\s*(ms|s|m|h|d)\s*$", re.ASCII)
 _FUNC_RE = re.compile(r"^\s*(exp|fixed)\s*\((.*)\)\s*$", re.ASCII | re.DOTALL)
@@ -39,7 +39,7 @@ _FACTOR_RE = re.compile(r"^x(\d+(?:\.\d+)?)$", re.ASCII)
 _PERCENT_RE = re.compile(r"^(\d+(?:\.\d+)?)\s*%$", re.ASCII)
 _COUNT_RE = re.compile(r"^\d{1,3}$", re.ASCII)
 # Upper bound keeps due times and tier retention (factor x delay) far inside int64 milliseconds.
-MAX_DELAY_MS = 365 * _UNIT_MS["d"]
+MAX_DELAY_MS = 365 * UNIT_MS["d"]
 # Every distinct delay is a topic per consumer group: a policy that asks for more is a typo.
 MAX_RETRIES = 64
 # Above half the delay, jitter would reorder a tier's copies beyond recognition and let a copy
@@ -60,7 +60,7 @@ def parse_delay(text: str) -> int:
     value = int(match.group(1))
     if value <= 0:
         raise SequenceError(f"invalid delay {text!r}: must be greater than zero")
-    delay_ms = value * _UNIT_MS[match.group(2)]
+    delay_ms = value * UNIT_MS[match.group(2)]
     if delay_ms > MAX_DELAY_MS:
         raise SequenceError(f"invalid delay {text!r}: must be at most 365d")
     return delay_ms

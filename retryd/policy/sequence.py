@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 
 from retryd.errors import SequenceError
-from retryd.policy.backoff import MAX_DELAY_MS, Backoff, parse_backoff, parse_delay
+from retryd.policy.backoff import MAX_DELAY_MS, UNIT_MS, Backoff, parse_backoff, parse_delay
 
 __all__ = [
     "MAX_DELAY_MS",
@@ -19,7 +19,6 @@ __all__ = [
     "validate_topic_name",
 ]
 
-_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 # Tier topic names must stay valid Kafka topic names: [a-zA-Z0-9._-], at most 249 chars.
 _TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}\Z", re.ASCII)
 
@@ -27,7 +26,7 @@ _TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}\Z", re.ASCII)
 def format_delay(delay_ms: int) -> str:
     """Canonical short name of a delay, used in tier topic names: the largest exact unit."""
     for unit in ("d", "h", "m", "s"):
-        size = _UNIT_MS[unit]
+        size = UNIT_MS[unit]
         if delay_ms % size == 0:
             return f"{delay_ms // size}{unit}"
     return f"{delay_ms}ms"

@@ -43,6 +43,7 @@ from retryd.worker.work import Work, new_work
 log = logging.getLogger(__name__)
 
 SKIP_OTHER_GROUP = "other_group"
+_UNREADABLE = object()  # a tail record's key could not be read (it was dead-lettered)
 
 
 def effective_due_ms(
@@ -186,8 +187,8 @@ class Intake:
                 self._release_head(st, now_ms, by_key)
                 st.tail_due = st.tail[0].due if st.tail else NEVER
             else:
-                self._release_scan(st, now_ms, by_key)
-                st.tail_due = _next_due(st.tail, now_ms, by_key)
+                self._release_scan(st, by_key, now_ms)
+                st.tail_due = _next_due(st.tail, now_ms)
             if not st.tail:
                 emptied.append(st)
         for st in emptied:
@@ -199,33 +200,45 @@ class Intake:
         while tail and tail[0].due <= now_ms:
             w = tail.popleft()
             st.tail_bytes -= w.size
-            self._requeue(w, st, by_key, now_ms)
+            if st.closing:
+                continue  # its next owner redoes it
+            key = self._tail_key(w, by_key, now_ms)
+            if key is not _UNREADABLE:
+                self._requeue(w, st, key)
 
-    def _release_scan(self, st: PartitionState, now_ms: int, by_key: bool) -> None:
+    def _release_scan(self, st: PartitionState, by_key: bool, now_ms: int) -> None:
         """Release every due record whose key has no earlier record still waiting (any due
         record with ``ordering=none``)."""
         kept: deque[Work] = deque()
         blocked: set[bytes | None] = set()
         for w in st.tail:
-            key = _key(w) if by_key else None
-            if w.due <= now_ms and key not in blocked:
+            key = self._tail_key(w, by_key, now_ms)
+            if key is _UNREADABLE:
+                st.tail_bytes -= w.size  # dead-lettered
+            elif w.due <= now_ms and key not in blocked:
                 st.tail_bytes -= w.size
-                self._requeue(w, st, by_key, now_ms)
+                self._requeue(w, st, key)
             else:
                 kept.append(w)
                 if by_key:
                     blocked.add(key)
         st.tail = kept
 
-    def _requeue(self, w: Work, st: PartitionState, by_key: bool, now_ms: int) -> None:
+    def _tail_key(self, w: Work, by_key: bool, now_ms: int) -> Any:
+        """The record's ordering key (None unless ``ordering=key``), or ``_UNREADABLE`` once a
+        record whose key cannot be read was dead-lettered."""
+        try:
+            return w.raw.key() if by_key else None
+        except Exception as exc:  # pragma: no cover - the client returns bytes or None
+            self._malformed(w, f"unreadable key: {exc}", now_ms)
+            return _UNREADABLE
+
+    def _requeue(self, w: Work, st: PartitionState, key: bytes | None) -> None:
+        """A due record leaves its tail for the scheduler (dropped if its assignment is
+        closing: its next owner redoes it)."""
         if st.closing:
             return
         w.stage = QUEUED
-        try:
-            key = w.raw.key() if by_key else None
-        except Exception as exc:  # pragma: no cover - read once already at intake
-            self._malformed(w, f"unreadable key: {exc}", now_ms)
-            return
         self._queue(w, st, key)
 
     def next_due_ms(self) -> int | None:
@@ -280,25 +293,14 @@ class Intake:
         return new
 
 
-def _key(w: Work) -> bytes | None:
-    try:
-        key: bytes | None = w.raw.key()
-    except Exception:  # read once already at intake; a failure now blocks nothing
-        return None
-    return key
-
-
-def _next_due(tail: deque[Work], now_ms: int, by_key: bool) -> int:
-    """The earliest time anything in ``tail`` can be released: the earliest not-yet-due
-    record's due time (a due record still in the tail waits for an earlier one of its key, which
-    is not due yet). ``now_ms`` when a due record waits for nothing (ordering=none)."""
+def _next_due(tail: deque[Work], now_ms: int) -> int:
+    """The earliest time anything left in a scanned ``tail`` can be released: the earliest
+    not-yet-due record's due time (a due record still there waits for an earlier one of its key,
+    which is not due yet)."""
     due = NEVER
     for w in tail:
-        if w.due > now_ms:
-            if w.due < due:
-                due = w.due
-        elif not by_key:
-            return now_ms
+        if now_ms < w.due < due:
+            due = w.due
     return due
 
 
