@@ -83,8 +83,10 @@ class PartitionBook:
     def assign(self, partitions: list[TopicPartition]) -> list[PartitionState]:
         states = []
         for p in partitions:
-            st = PartitionState(p.topic, p.partition, self.tier_delays.get(p.topic))
-            st.floor_ms = self.tier_floors.get(p.topic, st.delay_ms)
+            topic = p.topic
+            st = PartitionState(
+                topic, p.partition, self.tier_delays.get(topic), self.tier_floors.get(topic)
+            )
             self.parts[(p.topic, p.partition)] = st
             self.by_topic.setdefault(p.topic, {})[p.partition] = st
             states.append(st)

@@ -73,12 +73,15 @@ class PartitionState:
         "topic",
     )
 
-    def __init__(self, topic: str, partition: int, delay_ms: int | None) -> None:
+    def __init__(
+        self, topic: str, partition: int, delay_ms: int | None, floor_ms: int | None = None
+    ) -> None:
         self.topic = topic
         self.partition = partition
         self.epoch = next(_epochs)
         self.delay_ms = delay_ms  # tier delay (plus largest jitter); None on a main topic
-        self.floor_ms = delay_ms  # tier delay minus largest jitter: set by the book
+        # tier delay minus largest jitter: how soon a record not fetched yet can come due
+        self.floor_ms = delay_ms if floor_ms is None else floor_ms
         self.pending: deque[Work] = deque()
         self.pending_bytes = 0
         self.tail: deque[Work] = deque()
