@@ -19,7 +19,7 @@ from fastapi import FastAPI
 from starlette.routing import Route
 
 from retryd import __version__
-from retryd.api import errors, routes_health, routes_v1
+from retryd.api import errors, routes_circuit, routes_health, routes_v1
 from retryd.api.auth import BearerAuthMiddleware
 from retryd.api.credentials import Credentials, load_credentials
 from retryd.api.limits import AdmissionMiddleware, BodyLimitMiddleware, bulkheads
@@ -31,11 +31,12 @@ from retryd.config import Settings
 DESCRIPTION = """\
 Health, Prometheus metrics and replay of dead-lettered messages for a retryd deployment.
 
-`/v1` needs `Authorization: Bearer <token>`: a `read` token may browse and read records and job
-progress, a `replay` token may also replay and start or cancel jobs (401 without a valid token,
-403 without the scope). Without any configured token `/v1` answers 503. Request bodies are
-limited to `sidecar_max_body_bytes` (413). Broker-bound routes answer 503 with `Retry-After`
-when too many of them are in progress. Every error is JSON:
+`/v1` needs `Authorization: Bearer <token>`: a `read` token may browse and read records, job
+progress and the circuit breaker, a `replay` token may also replay and start or cancel jobs, a
+`circuit` token may also order the group's circuit breaker open, closed or to probe (401
+without a valid token, 403 without the scope). Without any configured token `/v1` answers 503.
+Request bodies are limited to `sidecar_max_body_bytes` (413). Broker-bound routes answer 503
+with `Retry-After` when too many of them are in progress. Every error is JSON:
 `{"error": code, "detail": sentence, "problems": [one line per field]}`.
 """
 
@@ -80,8 +81,13 @@ def create_app(
     errors.install(app)
     app.include_router(routes_health.router)
     app.include_router(routes_v1.router)
+    app.include_router(routes_circuit.router)
     # The leaf routes (full paths), for the Allow header of 405 answers and the route label.
-    app.state.api_routes = [*routes_health.router.routes, *routes_v1.router.routes]
+    app.state.api_routes = [
+        *routes_health.router.routes,
+        *routes_v1.router.routes,
+        *routes_circuit.router.routes,
+    ]
     leaves = [*app.state.api_routes, *(r for r in app.routes if isinstance(r, Route))]
     state.collector.routes = frozenset(r.path for r in leaves if isinstance(r, Route))
     # add_middleware puts each one outside the ones before it: innermost first.

@@ -10,7 +10,7 @@ from fastapi import Request
 from fastapi.security import HTTPBearer
 
 from retryd.api.asgi import ASGIApp, Receive, Scope, Send, header, reply
-from retryd.api.credentials import READ, REPLAY, ApiToken, Credentials
+from retryd.api.credentials import CIRCUIT, READ, REPLAY, ApiToken, Credentials
 from retryd.metrics.http import count_auth_failure
 
 PROTECTED_PREFIX = "/v1"
@@ -18,14 +18,19 @@ SCOPE_KEY = "retryd.token"
 # Documents the scheme in OpenAPI; enforcement is the middleware below.
 bearer_scheme = HTTPBearer(
     auto_error=False,
-    description="Authorization: Bearer <token>; read scope for GET, replay scope for the rest",
+    description="Authorization: Bearer <token>; read scope for GET, circuit scope for POST "
+    "/v1/circuit, replay scope for the rest",
 )
 _READ_METHODS = frozenset({"GET", "HEAD"})
+CIRCUIT_PATHS = frozenset({"/v1/circuit", "/v1/circuit/"})
 
 
-def required_scope(method: str) -> str:
-    """Reading needs ``read``; anything that may change something needs ``replay``."""
-    return READ if method.upper() in _READ_METHODS else REPLAY
+def required_scope(method: str, path: str = "") -> str:
+    """Reading needs ``read``; ordering the circuit breaker needs ``circuit``; anything else
+    that may change something needs ``replay``."""
+    if method.upper() in _READ_METHODS:
+        return READ
+    return CIRCUIT if path in CIRCUIT_PATHS else REPLAY
 
 
 def protected(path: str) -> bool:
@@ -73,7 +78,7 @@ class BearerAuthMiddleware:
             await reply(send, 401, "unauthorized", detail, {"WWW-Authenticate": _CHALLENGE})
             return
         method = str(scope.get("method", "GET"))
-        needed = required_scope(method)
+        needed = required_scope(method, str(scope.get("path", "")))
         if not token.allows(needed):
             count_auth_failure("insufficient_scope")
             await reply(

@@ -1,13 +1,17 @@
 """API tokens: who may call ``/v1`` and with which scope.
 
-Scopes: ``read`` (browse failed records, read one, read job progress) and ``replay``
-(everything ``read`` can do, plus replaying a record and starting or cancelling jobs).
+Scopes: ``read`` (browse failed records, read one, read job progress and the circuit
+breaker), ``replay`` (everything ``read`` can do, plus replaying a record and starting or
+cancelling jobs) and ``circuit`` (everything ``read`` can do, plus ordering the group's circuit
+breaker open, closed or to probe; not replays). ``replay`` does not include ``circuit``:
+stopping a whole group is a different power from replaying records, given to other people.
 
 Where tokens come from (all of them are valid at once, which is how a token is rotated: add
 the new one, move clients over, remove the old one, restarting the sidecar each time):
 
-- ``api_tokens`` / ``RETRYD_API_TOKENS``: entries ``name:scope:token`` (comma list in the
-  environment); ``name`` is the token's id in audit lines and error messages.
+- ``api_tokens`` / ``RETRYD_API_TOKENS``: entries ``name:scope:token`` with scope ``read``,
+  ``replay`` or ``circuit`` (comma list in the environment); ``name`` is the token's id in
+  audit lines and error messages.
 - ``api_tokens_file``: the same entries, one per line (blank lines and ``#`` comments
   skipped), e.g. a Kubernetes Secret mounted as a file.
 - ``api_token`` / ``RETRYD_API_TOKEN`` and ``api_token_file`` (the file holds only the token;
@@ -34,7 +38,8 @@ from retryd.errors import ConfigError
 
 READ = "read"
 REPLAY = "replay"
-SCOPES = (READ, REPLAY)
+CIRCUIT = "circuit"
+SCOPES = (READ, REPLAY, CIRCUIT)
 MIN_TOKEN_BYTES = 32
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
@@ -48,7 +53,8 @@ class ApiToken:
     digest: bytes = field(repr=False)
 
     def allows(self, needed: str) -> bool:
-        return self.scope == REPLAY or needed == READ
+        """Every scope includes ``read``; ``replay`` and ``circuit`` include nothing else."""
+        return needed == READ or needed == self.scope
 
 
 class Credentials:
@@ -108,13 +114,13 @@ def parse_entry(entry: str, where: str) -> tuple[tuple[str, str, str] | None, li
     """``name:scope:token`` -> ``((name, scope, token), [])`` or ``(None, [problems])``."""
     parts = entry.strip().split(":", 2)
     if len(parts) != 3:
-        return None, [f"{where}: expected name:scope:token (scope read or replay)"]
+        return None, [f"{where}: expected name:scope:token (scope read, replay or circuit)"]
     name, scope, token = parts
     problems = []
     if not _NAME.fullmatch(name):
         problems.append(f"{where}: the name must be 1-64 letters, digits, '_', '.' or '-'")
     if scope not in SCOPES:
-        problems.append(f"{where} ({name}): the scope must be read or replay")
+        problems.append(f"{where} ({name}): the scope must be read, replay or circuit")
     token_problem = _token_problem(token)
     if token_problem is not None:
         problems.append(f"{where} ({name}): {token_problem}")

@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
+from retryd.api.circuit import CircuitOrderError
 from retryd.api.limits import RETRY_AFTER_S
 from retryd.api.schemas import ErrorBody
 from retryd.replay.errors import (
@@ -122,6 +123,10 @@ def install(app: FastAPI) -> None:
                 retry = {"Retry-After": str(RETRY_AFTER_S)} if isinstance(exc, RETRYABLE) else None
                 return error_json(status, code, str(exc), headers=retry)
         return error_json(400, "replay_error", str(exc))
+
+    @app.exception_handler(CircuitOrderError)
+    async def _circuit(request: Request, exc: CircuitOrderError) -> JSONResponse:
+        return error_json(503, "state_dir_unwritable", str(exc))
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -7,7 +7,8 @@ held) and handed on unchanged.
 
 Route groups: a broker-bound route blocks a thread for as long as Kafka takes to answer, which
 is long when the broker is down. Every group (``browse``: the GET /v1/failed routes,
-``replay``: POST replay and POST /v1/replays, ``metrics``) has its own ``Bulkhead``: at most
+``replay``: POST replay and POST /v1/replays, ``metrics``, ``circuit``: /v1/circuit, which
+reads and writes small files in the state dir) has its own ``Bulkhead``: at most
 ``capacity`` requests in it at once, each running its blocking part on a thread of the group's
 own limiter. A request that finds its group full is answered 503 with ``Retry-After`` at
 once instead of queueing without bound, and no group can take the threads of another, or of
@@ -35,6 +36,7 @@ GROUPS: tuple[tuple[str, frozenset[str], re.Pattern[str]], ...] = (
     ("browse", _READS, re.compile(r"/v1/failed(?:/[^/]+/[^/]+)?/?")),
     ("replay", frozenset({"POST"}), re.compile(r"/v1/(?:failed/[^/]+/[^/]+/replay|replays)/?")),
     ("metrics", _READS, re.compile(r"/metrics/?")),
+    ("circuit", _READS | {"POST"}, re.compile(r"/v1/circuit/?")),
 )
 
 
@@ -69,11 +71,14 @@ class Bulkhead:
         self.active -= 1
 
 
-def bulkheads(capacity: int, metrics_capacity: int = 4) -> dict[str, Bulkhead]:
+def bulkheads(
+    capacity: int, metrics_capacity: int = 4, circuit_capacity: int = 2
+) -> dict[str, Bulkhead]:
     return {
         "browse": Bulkhead("browse", capacity),
         "replay": Bulkhead("replay", capacity),
         "metrics": Bulkhead("metrics", metrics_capacity),
+        "circuit": Bulkhead("circuit", circuit_capacity),
     }
 
 

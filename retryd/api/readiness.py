@@ -10,6 +10,11 @@ gets the status and reason *codes* from ``REASONS`` only: no bootstrap hosts, pa
 group ids, which would tell a stranger where the cluster is. A caller with a valid API token
 (either scope) also gets the sentences, the broker answer and the worker heartbeats.
 
+The circuit breaker is reported, never judged: the detailed view names each worker process's
+circuit and the worst of them with its last error, but an open circuit does not make the
+sidecar unready. An open circuit means the handler's downstream is out; restarting or
+removing pods cannot fix that, and would only move the held records around.
+
 The probe blocks (a metadata request of up to ``readiness_timeout_s``), so it runs on a thread
 of its own, one at a time: concurrent ``/readyz`` requests share the probe in progress
 (``ReadinessProbe``) instead of each taking a thread, so a flood of probes while the broker is
@@ -29,6 +34,7 @@ import anyio.to_thread
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
+from retryd.api.circuit import state_of, worst
 from retryd.config import Settings
 from retryd.runtime.heartbeat import ALIVE, STALE, STOPPING, liveness, read_heartbeats
 
@@ -44,6 +50,8 @@ class ReadinessReport:
     details: list[str] = field(default_factory=list)  # one sentence per problem
     broker: dict[str, Any] = field(default_factory=dict)
     workers: list[dict[str, Any]] = field(default_factory=list)
+    # the worst circuit among the fresh heartbeats, and its last error (informative only)
+    circuit: dict[str, Any] = field(default_factory=dict)
     # The two JSON bodies, rendered once per probe: every request sharing a probe sends bytes.
     rendered: dict[bool, bytes] = field(default_factory=dict)
 
@@ -65,6 +73,7 @@ class ReadinessReport:
             "details": self.details,
             "broker": self.broker,
             "workers": self.workers,
+            "circuit": self.circuit,
         }
 
     def body(self, detailed: bool, render: Callable[[dict[str, Any]], bytes]) -> bytes:
@@ -110,7 +119,20 @@ def probe(settings: Settings, admin: Callable[[], AdminClient]) -> ReadinessRepo
                 f"after {stale:g}s): hung, or killed without removing its heartbeat",
             )
     report.workers = workers
+    report.circuit = circuit_summary(workers)
     return report
+
+
+def circuit_summary(workers: list[dict[str, Any]]) -> dict[str, Any]:
+    """The worst circuit of the processes that are not stale, with that process's last
+    error. Never a readiness reason (see the module docstring)."""
+    fresh = [w for w in workers if w["liveness"] != STALE]
+    state = worst(state_of(w["circuit_state"]) for w in fresh)
+    errors = [w for w in fresh if w["circuit_state"] == state and w["circuit_last_error"]]
+    return {
+        "state": state.value if state is not None else None,
+        "last_error": errors[0]["circuit_last_error"] if errors else None,
+    }
 
 
 def worker_states(settings: Settings, now: float | None = None) -> list[dict[str, Any]]:
@@ -119,6 +141,9 @@ def worker_states(settings: Settings, now: float | None = None) -> list[dict[str
     out = []
     for hb in read_heartbeats(settings.state_dir):
         judged = liveness(hb, now, settings.heartbeat_stale_s)
+        circuit = hb.circuit if isinstance(hb.circuit, dict) else {}
+        state = state_of(circuit.get("state"))
+        last_error = circuit.get("last_error")
         out.append(
             {
                 "pid": hb.pid,
@@ -130,6 +155,8 @@ def worker_states(settings: Settings, now: float | None = None) -> list[dict[str
                 "liveness": judged,
                 "assigned_partitions": hb.assigned_partitions,
                 "paused_partitions": hb.paused_partitions,
+                "circuit_state": state.value if state is not None else None,
+                "circuit_last_error": last_error if isinstance(last_error, str) else None,
             }
         )
     return out

@@ -46,21 +46,22 @@ from retryd.replay.ledger import LedgerEntry
 from retryd.replay.records import PREVIEW_MAX, RecordFilter, key_from, render_record
 
 
-def _err(description: str) -> dict[str, Any]:
+def err_doc(description: str) -> dict[str, Any]:
+    """An error response's OpenAPI entry (every error has the ``ErrorBody`` shape)."""
     return {"model": ErrorBody, "description": description}
 
 
 COMMON: dict[int | str, dict[str, Any]] = {
-    401: _err("missing or invalid bearer token"),
-    413: _err("the request body is larger than sidecar_max_body_bytes"),
-    422: _err("invalid request: `problems` lists each invalid field"),
-    503: _err(
+    401: err_doc("missing or invalid bearer token"),
+    413: err_doc("the request body is larger than sidecar_max_body_bytes"),
+    422: err_doc("invalid request: `problems` lists each invalid field"),
+    503: err_doc(
         "/v1 disabled (no api_token configured), Kafka did not answer, the replay ledger "
         "could not be read to its end, too many requests of this kind at once (Retry-After), "
         "or the sidecar is shutting down"
     ),
 }
-FORBIDDEN = _err("the token lacks the replay scope, or the target topic is refused")
+FORBIDDEN = err_doc("the token lacks the replay scope, or the target topic is refused")
 
 router = APIRouter(
     prefix="/v1",
@@ -118,7 +119,7 @@ def to_filter(f: FilterIn) -> RecordFilter:
     summary="Browse failed_topic with filters and cursor pagination",
     responses={
         400: {
-            **_err(
+            **err_doc(
                 "the cursor is not valid for this topic (JSON); or, as text/plain from the HTTP "
                 "server itself, a request line longer than 64 KiB"
             ),
@@ -203,7 +204,7 @@ async def list_failed(
     "/failed/{partition}/{offset}",
     response_model=FailedRecordOut,
     summary="One failed record, headers decoded",
-    responses={404: _err("no record at that partition/offset")},
+    responses={404: err_doc("no record at that partition/offset")},
 )
 async def get_failed(
     request: Request,
@@ -229,10 +230,10 @@ async def get_failed(
     summary="Replay one failed record (fresh retry sequence)",
     responses={
         403: FORBIDDEN,
-        404: _err("no record at that partition/offset"),
-        409: _err("already replayed (see the ledger entry); pass force=true to replay again"),
-        429: _err("the sidecar's replay rate ceiling (replay_max_per_second) is reached"),
-        502: _err("producing the copy or its ledger record failed"),
+        404: err_doc("no record at that partition/offset"),
+        409: err_doc("already replayed (see the ledger entry); pass force=true to replay again"),
+        429: err_doc("the sidecar's replay rate ceiling (replay_max_per_second) is reached"),
+        502: err_doc("producing the copy or its ledger record failed"),
     },
 )
 async def replay_one(
@@ -270,9 +271,9 @@ async def replay_one(
     status_code=202,
     summary="Start a bulk replay job (or a dry run)",
     responses={
-        400: _err("since/until given with since_ms/until_ms, or not a real time"),
+        400: err_doc("since/until given with since_ms/until_ms, or not a real time"),
         403: FORBIDDEN,
-        429: _err("too many jobs running in this sidecar"),
+        429: err_doc("too many jobs running in this sidecar"),
     },
 )
 async def create_job(request: Request, body: ReplayJobIn) -> ReplayJobOut:
@@ -324,7 +325,7 @@ JobIdPath = Annotated[str, Path(max_length=64, description="job id from POST /v1
     "/replays/{job_id}",
     response_model=ReplayJobOut,
     summary="Progress of a replay job",
-    responses={404: _err("no such job in this sidecar process")},
+    responses={404: err_doc("no such job in this sidecar process")},
 )
 async def get_job(request: Request, job_id: JobIdPath) -> ReplayJobOut:
     job = _sidecar(request).jobs.get(job_id)
@@ -337,7 +338,7 @@ async def get_job(request: Request, job_id: JobIdPath) -> ReplayJobOut:
     "/replays/{job_id}",
     response_model=ReplayJobOut,
     summary="Cancel a replay job; returns its progress once it stopped",
-    responses={403: FORBIDDEN, 404: _err("no such job in this sidecar process")},
+    responses={403: FORBIDDEN, 404: err_doc("no such job in this sidecar process")},
 )
 async def cancel_job(request: Request, job_id: JobIdPath) -> ReplayJobOut:
     sc = _sidecar(request)

@@ -6,6 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from retryd.policy.circuit import CircuitState
 from retryd.policy.timespec import TIME_PATTERN
 
 TOPIC_PATTERN = r"^[A-Za-z0-9._-]{1,249}$"
@@ -33,6 +34,10 @@ class Health(BaseModel):
     status: Literal["ok"] = "ok"
 
 
+# closed | half_open | open (an enum of strings in the schema)
+CircuitStateName = CircuitState
+
+
 class WorkerState(BaseModel):
     pid: int
     role: str
@@ -45,6 +50,21 @@ class WorkerState(BaseModel):
     )
     assigned_partitions: int
     paused_partitions: int
+    circuit_state: CircuitStateName | None = Field(
+        default=None,
+        description="this process's outage circuit breaker; null before it reported one "
+        "(an open circuit never makes the sidecar unready)",
+    )
+    circuit_last_error: str | None = Field(
+        default=None, description="the last retryable failure its breaker counted"
+    )
+
+
+class ReadinessCircuit(BaseModel):
+    state: CircuitStateName | None = Field(
+        description="the worst circuit among the live worker processes; null if none reported"
+    )
+    last_error: str | None
 
 
 ReadinessReason = Literal["broker_unreachable", "no_live_worker", "worker_heartbeat_stale"]
@@ -66,6 +86,11 @@ class Readiness(BaseModel):
     )
     workers: list[WorkerState] | None = Field(
         default=None, description="worker heartbeats on this host (valid API token only)"
+    )
+    circuit: ReadinessCircuit | None = Field(
+        default=None,
+        description="the outage circuit breaker (valid API token only); informative: an open "
+        "circuit is a downstream outage, which restarting this pod cannot fix",
     )
 
 
@@ -229,3 +254,52 @@ class ReplayJobOut(BaseModel):
 
 class ReplayJobList(BaseModel):
     jobs: list[ReplayJobOut]
+
+
+class CircuitOrderIn(BaseModel):
+    """An operator's order to every worker process of this sidecar's group."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    action: Literal["open", "close", "probe"] = Field(
+        description="open: stop calling the handler now (held records stay in place); close: "
+        "resume now; probe: let one call through now (an open circuit only)"
+    )
+
+
+class CircuitOrderOut(BaseModel):
+    seq: int = Field(description="order number; each worker process applies an order once")
+    action: Literal["open", "close", "probe"]
+    by: str = Field(description="id of the API token that gave the order")
+    at_ms: int = Field(description="when it was written (epoch ms)")
+
+
+class CircuitProcessOut(BaseModel):
+    pid: int
+    liveness: Literal["alive", "stopping"]
+    state: CircuitStateName | None = Field(
+        description="null before this process's first report (or a worker without a breaker)"
+    )
+    since_ms: int | None = None
+    reason: str | None = None
+    last_error: str | None = None
+    next_probe_ms: int | None = None
+    transitions: dict[str, int] = Field(default_factory=dict)
+    held: int = 0
+    probes: int = 0
+
+
+class CircuitOut(BaseModel):
+    group: str
+    state: CircuitStateName | None = Field(
+        description="the worst state among the live worker processes (open > half_open > "
+        "closed); null when no live process reported its circuit"
+    )
+    last_error: str | None = Field(
+        description="the last retryable failure counted, from the process in the worst state"
+    )
+    held: int = Field(description="records held in place, summed over the live processes")
+    processes: list[CircuitProcessOut]
+    last_order: CircuitOrderOut | None = Field(
+        description="the last order written for this group by a sidecar sharing the state dir"
+    )

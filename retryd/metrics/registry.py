@@ -48,6 +48,24 @@ SKIPPED = Counter(
 # The sidecar serves ``replayed`` from the replay ledger (retryd.metrics.replays: every source,
 # once per replay) and these counts of its own ``skipped`` and ``failed`` with source="sidecar".
 REPLAYED = Counter("retryd_replayed", "Replayed failed records by status", ["status"])
+# The outage circuit breaker (retryd.policy.circuit). Every --processes child decides alone:
+# the gauge serves the worst state among the live processes of the pod (livemax), which is the
+# pod's truth for "records are held here". ``group`` is added by the sidecar, like everywhere.
+CIRCUIT_STATE = Gauge(
+    "retryd_circuit_state",
+    "Outage circuit breaker: 0 closed, 1 half-open, 2 open (worst live worker process)",
+    multiprocess_mode="livemax",
+)
+CIRCUIT_TRANSITIONS = Counter(
+    "retryd_circuit_transitions", "Circuit breaker state changes, by state entered", ["to"]
+)
+CIRCUIT_HELD = Counter(
+    "retryd_circuit_held",
+    "Retryable failures held in place while the circuit was not closed (not routed on)",
+)
+CIRCUIT_PROBES = Counter(
+    "retryd_circuit_probes", "Probe calls let through while the circuit was open"
+)
 BUILD_INFO = Gauge("retryd_build_info", "retryd version", ["version"], multiprocess_mode="livemax")
 
 

@@ -12,6 +12,7 @@ import logging
 from typing import Any
 
 from retryd.metrics import registry as m
+from retryd.policy.circuit import STATE_VALUE, CircuitSnapshot, CircuitState
 from retryd.worker.events import BatchStats, Buckets, NullSink
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,15 @@ class PrometheusSink(NullSink):
         self._skipped: dict[str, Any] = {}
         self._abandoned_seen = 0
         m.HANDLER_INFLIGHT.set(0)
+        # The circuit's series exist from the start (closed, nothing counted), so a panel or an
+        # alert sees 0 rather than no data, and increase() counts the first transition.
+        m.CIRCUIT_STATE.set(STATE_VALUE[CircuitState.CLOSED])
+        self._transitions = {
+            s.value: m.CIRCUIT_TRANSITIONS.labels(to=s.value) for s in CircuitState
+        }
+        self._circuit_seen: dict[str, int] = {}
+        self._held_seen = 0
+        self._probes_seen = 0
 
     def batch(self, stats: BatchStats, started: float, ended: float) -> None:
         for (topic, outcome), n in stats.outcomes.items():
@@ -96,3 +106,19 @@ class PrometheusSink(NullSink):
     def forget(self, partitions: list[tuple[str, int]]) -> None:
         for topic, partition in partitions:
             m.CONSUMER_LAG.labels(topic=topic, partition=str(partition)).set(0)
+
+    def circuit(self, snapshot: CircuitSnapshot) -> None:
+        """The snapshot's totals are monotonic since the process started: add what is new."""
+        m.CIRCUIT_STATE.set(STATE_VALUE[snapshot.state])
+        for state, total in snapshot.transitions.items():
+            delta = total - self._circuit_seen.get(state, 0)
+            child = self._transitions.get(state)
+            if delta > 0 and child is not None:
+                child.inc(delta)
+                self._circuit_seen[state] = total
+        if snapshot.held > self._held_seen:
+            m.CIRCUIT_HELD.inc(snapshot.held - self._held_seen)
+            self._held_seen = snapshot.held
+        if snapshot.probes > self._probes_seen:
+            m.CIRCUIT_PROBES.inc(snapshot.probes - self._probes_seen)
+            self._probes_seen = snapshot.probes

@@ -113,6 +113,7 @@ def test_openapi_schema_is_complete(bootstrap: str, tmp_path: Path) -> None:
             "/v1/failed/{partition}/{offset}/replay",
             "/v1/replays",
             "/v1/replays/{job_id}",
+            "/v1/circuit",
         }
         for path, ops in paths.items():
             for method, op in ops.items():

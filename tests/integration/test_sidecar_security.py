@@ -205,7 +205,7 @@ def test_weak_tokens_refused_at_start(tmp_path: Path) -> None:
     assert "retryd: invalid configuration:" in out.stderr
     assert "  - api_token: the token is 12 bytes; at least 32 are required" in out.stderr
     assert "  - api_tokens[0] (ci): the token is 11 bytes" in out.stderr
-    assert "  - api_tokens[1] (ci2): the scope must be read or replay" in out.stderr
+    assert "  - api_tokens[1] (ci2): the scope must be read, replay or circuit" in out.stderr
     assert "  - api_token_file: the token is 17 bytes" in out.stderr
     for secret in ("short-s3cret", "tiny-s3cret", "another-short-one", "z" * 40):
         assert secret not in out.stderr + out.stdout

@@ -90,9 +90,9 @@ def test_weak_malformed_and_clashing_tokens_are_refused_without_echoing_them(
     assert short not in text and READ not in text and OTHER not in text
     assert "api_token: the token is 12 bytes; at least 32 are required" in lines
     assert "api_tokens[0] (a): the token is 12 bytes; at least 32 are required" in lines
-    assert "api_tokens[1] (b): the scope must be read or replay" in lines
+    assert "api_tokens[1] (b): the scope must be read, replay or circuit" in lines
     assert any(line.startswith("api_tokens[2]: the name must be") for line in lines)
-    assert "api_tokens[3]: expected name:scope:token (scope read or replay)" in lines
+    assert "api_tokens[3]: expected name:scope:token (scope read, replay or circuit)" in lines
     assert f"api_tokens_file: {tmp_path / 'missing'} does not exist" in lines
     lines = problems(api_tokens=f"a:read:{READ},b:replay:{READ},a:replay:{REPLAY}")
     assert "the tokens named a and b are the same token" in lines
