@@ -54,7 +54,14 @@ SIDECAR_METRICS = {
     "retryd_workers_alive": "gauge",
     "retryd_failed_backlog": "gauge",
 }
-ALL_METRICS = {**SPEC_METRICS, **SIDECAR_METRICS}
+# Beyond the contract (docs/spec.md, "Where retryd departs from or adds to this contract").
+ADDED_METRICS = {
+    "retryd_circuit_state": "gauge",
+    "retryd_circuit_transitions_total": "counter",
+    "retryd_circuit_held_total": "counter",
+    "retryd_circuit_probes_total": "counter",
+}
+ALL_METRICS = {**SPEC_METRICS, **SIDECAR_METRICS, **ADDED_METRICS}
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 METRIC_RE = re.compile(r"\b(retryd_[a-z0-9_]+)\b")
 INTERPOLATION_RE = re.compile(r"\$\{(\w+)(?::?-([^}]*))?\}")
@@ -100,8 +107,11 @@ def spec_base(metric: str) -> str | None:
 def test_every_metric_is_in_the_spec() -> None:
     spec = (REPO / "docs" / "spec.md").read_text(encoding="utf-8")
     section = spec.split("## 4.")[1].split("## 5.")[0]
-    for name in ALL_METRICS:
+    for name in {**SPEC_METRICS, **SIDECAR_METRICS}:
         assert f"`{name.removesuffix('_total')}" in section, f"{name} is not in spec section 4"
+    added = spec.split("## Where retryd departs from or adds to this contract")[1]
+    for name in ADDED_METRICS:
+        assert f"`{name}" in added, f"{name} is not among the spec's additions"
 
 
 # --- YAML and JSON ------------------------------------------------------------------------------
@@ -125,7 +135,7 @@ def test_registry_matches_the_spec() -> None:
             for family in obj.describe():
                 name = family.name + ("_total" if family.type == "counter" else "")
                 found[name] = family.type
-    assert found == SPEC_METRICS
+    assert found == {**SPEC_METRICS, **ADDED_METRICS}
 
 
 # --- docker-compose -----------------------------------------------------------------------------
@@ -444,6 +454,8 @@ def test_dashboard_shape(dashboard: dict[str, Any]) -> None:
         "Workers alive",
         "Rebalances",
         "Replays by status",
+        "Circuit state",
+        "Circuit transitions, held records and probes",
     ):
         assert wanted in titles
     for expr in dashboard_exprs(dashboard):
@@ -454,9 +466,12 @@ def test_dashboard_shape(dashboard: dict[str, Any]) -> None:
 def test_alerts_query_only_spec_metrics() -> None:
     groups = load_yaml(PROMETHEUS / "alerts.yml")["groups"]
     rules = [r for g in groups for r in g["rules"]]
-    assert {"RetrydDeadLettersRising", "RetrydConsumerLagHigh", "RetrydWorkerNotReady"} <= {
-        r["alert"] for r in rules
-    }
+    assert {
+        "RetrydDeadLettersRising",
+        "RetrydConsumerLagHigh",
+        "RetrydWorkerNotReady",
+        "RetrydCircuitOpen",
+    } <= {r["alert"] for r in rules}
     for rule in rules:
         for metric in METRIC_RE.findall(rule["expr"]):
             assert spec_base(metric), f"{rule['alert']}: {metric} is not a spec metric"
