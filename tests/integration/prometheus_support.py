@@ -62,9 +62,15 @@ def substitute(expr: str, values: dict[str, str]) -> str:
     return VARIABLE_RE.sub(one, expr)
 
 
-def rules_with_short_for(path: Path, target: Path, for_: str = "1s") -> dict[str, str]:
-    """A copy of the shipped rules with every ``for`` shortened (the expressions unchanged);
-    returns alert name -> shipped expression."""
+RANGE_RE = re.compile(r"\[\d+[smhdwy]\]")
+
+
+def rules_with_short_for(
+    path: Path, target: Path, for_: str = "1s", windows: dict[str, str] | None = None
+) -> dict[str, str]:
+    """A copy of the shipped rules with every ``for`` shortened and, for the alerts named in
+    ``windows``, every range (``[5m]``) set to the given one (the expressions otherwise
+    unchanged); returns alert name -> shipped expression."""
     data = yaml.safe_load(path.read_text(encoding="utf-8"))
     exprs = {}
     for group in data["groups"]:
@@ -73,6 +79,11 @@ def rules_with_short_for(path: Path, target: Path, for_: str = "1s") -> dict[str
             exprs[rule["alert"]] = rule["expr"]
             if "for" in rule:
                 rule["for"] = for_
+            window = (windows or {}).get(rule["alert"])
+            if window is not None:
+                shortened = RANGE_RE.sub(f"[{window}]", rule["expr"])
+                assert shortened != rule["expr"], f"{rule['alert']} has no range to shorten"
+                rule["expr"] = shortened
     target.write_text(yaml.safe_dump(data), encoding="utf-8")
     return exprs
 

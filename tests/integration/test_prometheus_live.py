@@ -13,6 +13,10 @@ expressions unchanged). Then, through Prometheus's HTTP API:
 - the main-topic lag panel equals the true lag (committed offsets and log ends read
   independently), while a plain ``sum`` over both sidecars shows twice that;
 - the promtool test series have the label sets the exporter really produces;
+- an operator opens one pod's circuit breaker (``POST /v1/circuit``, circuit scope): its
+  worker applies the order, ``retryd_circuit_state`` 2 is scraped, RetrydCircuitOpen fires
+  for the group (its window shortened in the copy) and the circuit panels show it; closing
+  resolves it;
 - stopping the workers fires RetrydWorkerNotReady for both pods; stopping one sidecar fires
   RetrydSidecarDown for it, and the lag panel stays right with one sidecar left.
 
@@ -56,6 +60,8 @@ pytestmark = pytest.mark.skipif(
 )
 
 JOB = "k8s-retryd-pods"
+CIRCUIT_TOKEN = "ops-circuit-token-0123456789abcdef-xyz"
+CIRCUIT_WINDOW = "3s"  # RetrydCircuitOpen's 5m, in the test's copy of the rules
 TARGET_LABELS = {"job", "instance"}
 
 
@@ -105,6 +111,7 @@ def test_dashboard_and_alerts_on_real_prometheus(bootstrap: str, tmp_path: Path)
         "RETRYD_METRICS_INTERVAL_S": "1",
         "RETRYD_HEARTBEAT_STALE_S": "5",
         "RETRYD_LOG_FORMAT": "json",
+        "RETRYD_API_TOKENS": f"ops:circuit:{CIRCUIT_TOKEN}",
     }
     pods = []
     for name in ("a", "b"):
@@ -125,7 +132,7 @@ def test_dashboard_and_alerts_on_real_prometheus(bootstrap: str, tmp_path: Path)
         stderr=subprocess.DEVNULL,
     )
     rules = tmp_path / "alerts.yml"
-    shipped = rules_with_short_for(ALERTS, rules)
+    shipped = rules_with_short_for(ALERTS, rules, windows={"RetrydCircuitOpen": CIRCUIT_WINDOW})
     prom = PrometheusServer(tmp_path, [f"127.0.0.1:{p.sidecar.port}" for p in pods], JOB, rules)
     try:
         for pod in pods:
@@ -246,6 +253,7 @@ def test_dashboard_and_alerts_on_real_prometheus(bootstrap: str, tmp_path: Path)
         for expr in shipped.values():
             prom.query(expr)  # raises on a query Prometheus rejects
         assert not prom.firing("RetrydWorkerNotReady") and not prom.firing("RetrydSidecarDown")
+        assert not prom.firing("RetrydCircuitOpen")
 
         # The promtool tests feed only label sets the exporter really produces.
         real: dict[str, set[frozenset[str]]] = {}
@@ -266,6 +274,46 @@ def test_dashboard_and_alerts_on_real_prometheus(bootstrap: str, tmp_path: Path)
                     f"alerts_test.yml feeds {name}{sorted(labels)}; the exporter produces "
                     f"{[sorted(x) for x in real.get(name, set())]}"
                 )
+
+        # The circuit breaker: an operator opens pod a's circuit through its sidecar; its worker
+        # applies the order, Prometheus scrapes the state, the alert fires for the group and
+        # the panels show it; closing resolves it.
+        state_expr = substitute(
+            next(q.expr for q in panel_queries(board) if q.panel == "Circuit state"), values
+        )
+        moves_expr = substitute(
+            next(
+                q.expr
+                for q in panel_queries(board)
+                if q.panel == "Circuit transitions, held records and probes" and q.ref == "A"
+            ),
+            values,
+        )
+        assert prom.values(state_expr) == {(("group", group),): 0.0}
+        opened = time.monotonic()
+        with pods[0].sidecar.client(CIRCUIT_TOKEN) as ops:
+            r = ops.post("/v1/circuit", json={"action": "open"})
+            assert r.status_code == 202, r.text
+            firing = wait_for(
+                lambda: prom.firing("RetrydCircuitOpen"), 60, 0.25, "RetrydCircuitOpen fires"
+            )
+            circuit_alert_s = time.monotonic() - opened
+            assert [(a["group"], a["severity"]) for a in firing] == [(group, "critical")]
+            assert prom.values(state_expr) == {(("group", group),): 2.0}
+            per_pod = prom.values(f'retryd_circuit_state{{group="{group}"}}')
+            assert sorted(per_pod.values()) == [0.0, 2.0], per_pod  # pod b stays closed
+            wait_for(
+                lambda: prom.values(moves_expr).get((("group", group), ("to", "open")), 0) > 0,
+                30,
+                0.5,
+                "the transitions panel shows the opening",
+            )
+            r = ops.post("/v1/circuit", json={"action": "close"})
+            assert r.status_code == 202, r.text
+            wait_for(
+                lambda: not prom.firing("RetrydCircuitOpen"), 60, 0.25, "RetrydCircuitOpen ends"
+            )
+            assert prom.values(state_expr) == {(("group", group),): 0.0}
 
         # Stop the workers: the worker alert fires for both pods.
         stopped = time.monotonic()
@@ -321,11 +369,12 @@ def test_dashboard_and_alerts_on_real_prometheus(bootstrap: str, tmp_path: Path)
         for log in [tmp_path / "sidecar-a.log", tmp_path / "worker-a.log"]:
             lines = [ln for ln in log.read_text().splitlines() if ln.strip()]
             assert lines and all(json.loads(ln)["level"] for ln in lines), log
-            assert TOKEN not in log.read_text()
+            assert TOKEN not in log.read_text() and CIRCUIT_TOKEN not in log.read_text()
         print(
             f"\nreal Prometheus: traffic handled in {handled_s:.1f}s, {replayed} CLI replays, "
             f"true lag {truth} (plain sum {2 * truth}), worker alert firing "
-            f"{alert_s:.1f}s after the stop, test {time.monotonic() - t0:.1f}s"
+            f"{alert_s:.1f}s after the stop, circuit alert {circuit_alert_s:.1f}s after the "
+            f"open order (window {CIRCUIT_WINDOW}), test {time.monotonic() - t0:.1f}s"
         )
     finally:
         prom.stop()
