@@ -233,7 +233,7 @@ def test_settings_ports_paths_and_secrets_match(
     assert settings.api_tokens_file is not None and settings.kafka_file is not None
     assert str(settings.api_tokens_file).startswith(str(root))
     credentials = load_credentials(settings)
-    assert {t.scope for t in credentials.tokens} == {"read", "replay"}
+    assert {t.scope for t in credentials.tokens} == {"read", "replay", "circuit"}
     assert settings.kafka_common()["sasl.mechanism"] == "SCRAM-SHA-512"
     for c in workloads(overlay):
         assert not any("TOKEN" in e["name"] or "PASSWORD" in e["name"] for e in c.get("env", []))
