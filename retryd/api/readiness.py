@@ -8,7 +8,7 @@ without ``pid: service:…``, or on another host sharing the directory.
 Two views of one probe. Anyone may ask ``/readyz`` (Kubernetes does, without credentials) and
 gets the status and reason *codes* from ``REASONS`` only: no bootstrap hosts, paths, PIDs or
 group ids, which would tell a stranger where the cluster is. A caller with a valid API token
-(either scope) also gets the sentences, the broker answer and the worker heartbeats.
+(any scope) also gets the sentences, the broker answer, the worker heartbeats and their circuits.
 
 The circuit breaker is reported, never judged: the detailed view names each worker process's
 circuit and the worst of them with its last error, but an open circuit does not make the

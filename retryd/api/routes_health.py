@@ -39,7 +39,7 @@ async def healthz() -> Health:
     response_model=Readiness,
     response_model_exclude_none=True,
     summary="Readiness: broker reachable and workers on this host alive",
-    description="Status and reason codes for anyone; with a valid API token (either scope) "
+    description="Status and reason codes for anyone; with a valid API token (any scope) "
     "also the details: reason sentences, the broker's answer and the worker heartbeats.",
     responses={503: {"model": Readiness, "description": "not ready; `reasons` says why"}},
 )

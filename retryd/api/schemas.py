@@ -61,10 +61,15 @@ class WorkerState(BaseModel):
 
 
 class ReadinessCircuit(BaseModel):
+    """Absent fields are unknown (no live worker process reported its circuit)."""
+
     state: CircuitStateName | None = Field(
-        description="the worst circuit among the live worker processes; null if none reported"
+        default=None,
+        description="the worst circuit among the live worker processes; absent if none reported",
     )
-    last_error: str | None
+    last_error: str | None = Field(
+        default=None, description="the last retryable failure counted by that process's breaker"
+    )
 
 
 ReadinessReason = Literal["broker_unreachable", "no_live_worker", "worker_heartbeat_stale"]

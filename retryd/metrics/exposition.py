@@ -17,6 +17,8 @@
 - ``retryd_workers_alive``: worker processes with a fresh heartbeat that are not stopping.
 - ``retryd_replayed_total{status="replayed", source}``: replays counted from the replay
   ledger (``retryd.metrics.replays``), whoever made them.
+- ``retryd_circuit_state`` comes from the workers' files like any gauge (``livemax``: the
+  worst circuit among the live worker processes of this state dir, i.e. of the pod).
 - Every series carries ``group`` (the consumer group): dashboards filter by it, and the
   group-level facts above (which every sidecar of a deployment measures alike) are aggregated
   ``max by (group, ...)`` so replicas never multiply them.

@@ -24,6 +24,7 @@ from retryd.api.auth import required_scope
 from retryd.api.credentials import load_credentials
 from retryd.api.readiness import ReadinessReport, circuit_summary, worker_states
 from retryd.api.routes_health import _render_readiness
+from retryd.api.schemas import Readiness
 from retryd.config import Settings, load_settings
 from retryd.errors import ConfigError
 from retryd.policy.circuit import (
@@ -340,3 +341,8 @@ def test_readiness_details_name_the_circuit_and_it_is_never_a_reason(settings: S
     public = json.loads(report.body(False, _render_readiness))
     assert public == {"status": "ready", "reasons": []}  # nothing about the circuit
     assert circuit_summary([]) == {"state": None, "last_error": None}
+    # Nothing reported yet: the served body (nulls left out) still matches its own schema.
+    unknown = ReadinessReport(workers=[], circuit=circuit_summary([]))
+    served = json.loads(unknown.body(True, _render_readiness))
+    assert served["circuit"] == {}
+    Readiness.model_validate(served)
