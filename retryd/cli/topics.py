@@ -18,7 +18,10 @@ if TYPE_CHECKING:
     from retryd.kafka.topics import TopicState
 
 topics_app = typer.Typer(
-    help="Create or check the retry tiers, failed_topic and the replay ledger.",
+    help=(
+        "Create or check the retry tiers (of retry_sequence and every error route), "
+        "failed_topic, the routes' dead-letter topics and the replay ledger."
+    ),
     no_args_is_help=True,
 )
 app.add_typer(topics_app, name="topics")
@@ -34,6 +37,11 @@ _STYLE = {
 MainTopicsOption = typer.Option(None, "--main-topics", "-m", help="Comma list of main topics")
 SequenceOption = typer.Option(
     None, "--retry-sequence", help="Retry delays, e.g. '5m,30m,1h' or 'exp(1s, x2, max=1h, n=8)'"
+)
+RoutesOption = typer.Option(
+    None,
+    "--error-routes",
+    help="Error routes, e.g. 'TimeoutError=exp(1s, n=5); http_5xx=1m,5m; Declined=dlt:orders.dlt'",
 )
 PartitionsOption = typer.Option(
     None, "--tier-partitions", help="Partitions of the retry topics (default: main topics')"
@@ -57,12 +65,14 @@ def _settings(
     tier_partitions: int | None,
     replication_factor: int | None,
     min_insync_replicas: int | None,
+    error_routes: str | None = None,
 ) -> Settings:
     return settings_or_exit(
         config,
         bootstrap_servers=bootstrap_servers,
         main_topics=main_topics,
         retry_sequence=retry_sequence,
+        error_routes=error_routes,
         tier_partitions=tier_partitions,
         replication_factor=replication_factor,
         min_insync_replicas=min_insync_replicas,
@@ -116,6 +126,7 @@ def create(
     replication_factor: int | None = ReplicationOption,
     min_insync_replicas: int | None = MinInsyncOption,
     timeout: float = TimeoutOption,
+    error_routes: str | None = RoutesOption,
 ) -> None:
     """Create missing topics (idempotent). Exits 1 if an existing topic is mis-sized."""
     from retryd.kafka.topics import create_topics, make_admin
@@ -128,6 +139,7 @@ def create(
         tier_partitions,
         replication_factor,
         min_insync_replicas,
+        error_routes,
     )
     try:
         states = create_topics(settings, make_admin(settings), timeout_s=timeout)
@@ -152,6 +164,7 @@ def check(
     replication_factor: int | None = ReplicationOption,
     min_insync_replicas: int | None = MinInsyncOption,
     timeout: float = TimeoutOption,
+    error_routes: str | None = RoutesOption,
 ) -> None:
     """Verify every topic exists with the planned shape. Exits 1 naming each problem."""
     from retryd.kafka.topics import inspect_topics, make_admin
@@ -164,6 +177,7 @@ def check(
         tier_partitions,
         replication_factor,
         min_insync_replicas,
+        error_routes,
     )
     try:
         main_problems, states = inspect_topics(settings, make_admin(settings), timeout_s=timeout)

@@ -31,6 +31,7 @@ from pydantic_settings import (
 from pydantic_settings.exceptions import SettingsError
 
 from retryd.errors import ConfigError, SequenceError
+from retryd.policy.error_routes import routes_from_value
 from retryd.policy.sequence import RetryPlan, validate_topic_name
 
 _SECRET_KEY_RE = re.compile(
@@ -160,6 +161,9 @@ class Settings(BaseSettings):
     # Topics and retry policy
     main_topics: Annotated[list[str], NoDecode] = Field(default_factory=list)
     retry_sequence: str = "5m,5m,30m,30m,30m,1h"
+    # Error routes: matcher (exception class, http_503, http_5xx) -> retry sequence,
+    # "dlt:<topic>" or "dead" (retryd.policy.error_routes)
+    error_routes: Annotated[dict[str, str], NoDecode] = Field(default_factory=dict)
     tier_template: str = "retry_{delay}"
     failed_topic: str = "failed_topic"
     group_id: str = "retryd"
@@ -288,6 +292,13 @@ class Settings(BaseSettings):
             raise ValueError(exc.problems[0]) from exc
         return value
 
+    @field_validator("error_routes", mode="before")
+    @classmethod
+    def _error_routes(cls, value: Any) -> Any:
+        # shape only (a TOML table, JSON or 'matcher=target; ...'); the routes themselves are
+        # checked with the plan (_consistent), one line per problem naming its route
+        return routes_from_value(value)
+
     @field_validator("main_topics", "failed_topic", "ledger_topic")
     @classmethod
     def _topic_names(cls, value: list[str] | str) -> list[str] | str:
@@ -339,6 +350,10 @@ class Settings(BaseSettings):
             problems.append("session_timeout_ms must not exceed max_poll_interval_ms")
         if set(self.main_topics) & ({self.failed_topic, *self.plan_topics_or_empty()}):
             problems.append("main_topics must not include a tier topic or failed_topic")
+        for topic in self.dlt_topics_or_empty():
+            if topic in self.main_topics or topic == self.ledger_topic:
+                what = "a main topic" if topic in self.main_topics else "the ledger_topic"
+                problems.append(f"error_routes: dlt:{topic} is {what}")
         isr, rf = self.min_insync_replicas, self.replication_factor
         if isr is not None and rf > 0 and isr > rf:
             problems.append(
@@ -364,6 +379,12 @@ class Settings(BaseSettings):
         except SequenceError:
             return []
 
+    def dlt_topics_or_empty(self) -> list[str]:
+        try:
+            return self.plan.dlt_topics
+        except SequenceError:
+            return []
+
     @property
     def plan(self) -> RetryPlan:
         return RetryPlan.parse(
@@ -371,6 +392,7 @@ class Settings(BaseSettings):
             tier_template=self.tier_template,
             failed_topic=self.failed_topic,
             group=self.group_id,
+            routes=self.error_routes,
         )
 
     def kafka_common(self) -> dict[str, str]:

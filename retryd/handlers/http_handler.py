@@ -39,7 +39,9 @@ Response
 --------
 ``classify_http``: 2xx success; 408, 429, 5xx retry; other 4xx dead; 3xx retry (redirects are
 not followed); a JSON body ``{"status": "SUCCESS|RETRY|DROP|DEAD"}`` overrides the code. At most
-``MAX_RESPONSE_BYTES`` of the body are read. A timeout is ``timeout``; any other transport
+``MAX_RESPONSE_BYTES`` of the body are read. A failure may name its error class in an
+``X-Retryd-Error`` response header, for the error routes (``retryd.policy.error_routes``): a
+value that is not a short token is ignored. A timeout is ``timeout``; any other transport
 failure is a retryable ``connection_error``. Nothing raises: the adapter turns every failure,
 its own included, into a result.
 """
@@ -61,6 +63,7 @@ import aiohttp
 
 from retryd.handlers.base import Message
 from retryd.policy.classify import HandlerResult, Outcome, classify_http, timeout_result
+from retryd.policy.error_routes import error_name
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +71,7 @@ MAX_RESPONSE_BYTES = 64 * 1024
 KAFKA_HEADER_PREFIX = "X-Kafka-"
 HEADERS_B64 = "X-Retryd-Headers-B64"
 VALUE_NULL = "X-Retryd-Value-Null"
+ERROR_HEADER = "X-Retryd-Error"  # in a response: the error class the service names
 CONNECTION_ERROR_CLASS = "connection_error"
 REQUEST_ERROR_CLASS = "http_request_error"
 
@@ -240,6 +244,7 @@ class HttpHandler:
                 payload = await _read_capped(response)
                 status = response.status
                 content_type = response.headers.get("Content-Type")
+                named = error_name(response.headers.get(ERROR_HEADER))
         except asyncio.CancelledError:
             raise
         except TimeoutError:
@@ -263,7 +268,7 @@ class HttpHandler:
             return HandlerResult(
                 Outcome.RETRY, REQUEST_ERROR_CLASS, f"{type(exc).__name__}: {exc}"[:512]
             )
-        result = classify_http(status, payload, content_type)
+        result = classify_http(status, payload, content_type, named)
         if result.outcome is not Outcome.SUCCESS:
             logger.debug(
                 "%s: POST %s answered %d -> %s",

@@ -1,5 +1,9 @@
 """Topic provisioning: plan, create and check the tier, dead-letter and ledger topics.
 
+The tiers are every tier of the plan (``retry_sequence`` and every error route's sequence, one
+topic per distinct delay), the dead-letter topics ``failed_topic`` and each route's named
+``dlt:<topic>`` (same shape as ``failed_topic``).
+
 retryd never creates the main topics (they belong to the producers); it sizes its own topics
 from them so a routed copy can keep its source partition number.
 """
@@ -22,7 +26,7 @@ from retryd.policy.sequence import format_delay
 
 log = logging.getLogger(__name__)
 
-TopicKind = Literal["tier", "failed", "ledger"]
+TopicKind = Literal["tier", "failed", "dlt", "ledger"]
 Status = Literal["created", "exists", "missing", "mis-sized", "ok"]
 
 # The ledger is small (one compacted record per replayed failed record) and is read to its
@@ -135,13 +139,16 @@ def _plan(settings: Settings, partitions: int) -> list[TopicSpec]:
         **durability,
     }
     specs.append(TopicSpec(settings.failed_topic, "failed", partitions, rf, failed_config))
+    for topic in plan.dlt_topics:  # error routes' dead-letter topics: failed_topic's shape
+        specs.append(TopicSpec(topic, "dlt", partitions, rf, dict(failed_config)))
     ledger_config = {CLEANUP_POLICY: "compact", **durability}
     specs.append(TopicSpec(settings.ledger_topic, "ledger", LEDGER_PARTITIONS, rf, ledger_config))
     return specs
 
 
 def plan_topics(settings: Settings, admin: AdminClient, timeout_s: float = 10.0) -> list[TopicSpec]:
-    """Every topic retryd needs, tiers in sequence order, then failed_topic and the ledger."""
+    """Every topic retryd needs: tiers (retry_sequence's in order, then the routes'), then
+    failed_topic, the routes' dead-letter topics and the ledger."""
     return _plan(settings, tier_partition_count(settings, partition_counts(admin, timeout_s)))
 
 
@@ -230,7 +237,7 @@ def _inspect(spec: TopicSpec, partitions: int, config: dict[str, str | None]) ->
             f"shorter than its delay {format_delay(delay)}: records would be "
             "deleted before they are due"
         )
-    if spec.kind in ("tier", "failed") and "compact" in policies:
+    if spec.kind in ("tier", "failed", "dlt") and "compact" in policies:
         problems.append(
             f"{spec.kind} topic {spec.name} has cleanup.policy={policy}: compaction drops "
             "records that share a key"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from retryd.errors import NonRetryableError
 
@@ -24,6 +24,12 @@ class HandlerResult:
     outcome: Outcome
     error_class: str | None = None
     error_message: str | None = None
+    # What error routes match on (retryd.policy.error_routes) besides ``error_class``: the
+    # exception's class (routes for a base class catch subclasses), and the class an HTTP
+    # service named in X-Retryd-Error (sanitised: ``error_routes.error_name``). Not compared:
+    # two results are equal when they mean the same (outcome, class, message).
+    error_type: type[BaseException] | None = field(default=None, compare=False)
+    error_name: str | None = field(default=None, compare=False)
 
     @classmethod
     def success(cls) -> HandlerResult:
@@ -73,7 +79,7 @@ class Classifier:
             message = str(exc) or repr(exc)
         except Exception:  # a broken __str__ in business code must not escape
             message = f"<{hit[1]} with an unprintable message>"
-        return HandlerResult(hit[0], hit[1], message)
+        return HandlerResult(hit[0], hit[1], message, cls)
 
 
 def classify_exception(exc: BaseException, non_retryable: Iterable[str] = ()) -> HandlerResult:
@@ -109,8 +115,15 @@ def body_status(body: bytes, content_type: str | None) -> Outcome | None:
     return None
 
 
-def classify_http(status: int, body: bytes = b"", content_type: str | None = None) -> HandlerResult:
-    """2xx success; 408, 429, 5xx retry; other 4xx dead; a JSON status word overrides the code."""
+def classify_http(
+    status: int,
+    body: bytes = b"",
+    content_type: str | None = None,
+    error_name: str | None = None,
+) -> HandlerResult:
+    """2xx success; 408, 429, 5xx retry; other 4xx dead; a JSON status word overrides the code.
+    ``error_name`` is the class the service named (X-Retryd-Error, already sanitised): a
+    failure carries it for the error routes."""
     error_class = f"http_{status}"
     override = body_status(body, content_type)
     snippet = body[:512].decode("utf-8", errors="replace")
@@ -120,13 +133,18 @@ def classify_http(status: int, body: bytes = b"", content_type: str | None = Non
         if override is Outcome.DROP:
             return HandlerResult(Outcome.DROP)
         return HandlerResult(
-            override, error_class, f"handler answered {status} status={override.name}"
+            override,
+            error_class,
+            f"handler answered {status} status={override.name}",
+            None,
+            error_name,
         )
     if 200 <= status < 300:
         return _SUCCESS
+    message = snippet or f"HTTP {status}"
     if status in (408, 429) or status >= 500 or status < 200:
-        return HandlerResult(Outcome.RETRY, error_class, snippet or f"HTTP {status}")
+        return HandlerResult(Outcome.RETRY, error_class, message, None, error_name)
     if 400 <= status < 500:
-        return HandlerResult(Outcome.DEAD, error_class, snippet or f"HTTP {status}")
+        return HandlerResult(Outcome.DEAD, error_class, message, None, error_name)
     # 3xx: redirects are not followed; treat as a retryable misconfiguration.
-    return HandlerResult(Outcome.RETRY, error_class, snippet or f"HTTP {status}")
+    return HandlerResult(Outcome.RETRY, error_class, message, None, error_name)

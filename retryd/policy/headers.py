@@ -25,6 +25,7 @@ ERROR_CLASS = "retryd_error_class"
 ERROR_MESSAGE = "retryd_error_message"
 DEAD_REASON = "retryd_dead_reason"
 GROUP = "retryd_group"
+ROUTE = "retryd_route"  # the error route a copy is on (retryd.policy.error_routes)
 REPLAY_ID = "retryd_replay_id"
 REPLAYED_FROM = "retryd_replayed_from"
 
@@ -35,7 +36,9 @@ _FIXED_NAMES = frozenset({"retry_number", "retry_timestamp"})
 DEAD_EXHAUSTED = "exhausted"
 DEAD_NON_RETRYABLE = "non_retryable"
 DEAD_MALFORMED = "malformed"
-DEAD_REASONS = (DEAD_EXHAUSTED, DEAD_NON_RETRYABLE, DEAD_MALFORMED)
+DEAD_ROUTED = "routed"  # an error route's dlt:<topic> sent it there
+DEAD_REASONS = (DEAD_EXHAUSTED, DEAD_NON_RETRYABLE, DEAD_MALFORMED, DEAD_ROUTED)
+ROUTE_MAX_BYTES = 200  # error_routes.MAX_NAME: a route name is an ASCII token
 
 Headers = list[tuple[str, bytes | None]]
 
@@ -246,6 +249,7 @@ class Envelope:
     error_message: str | None = None
     dead_reason: str | None = None
     group: str | None = None  # the consumer group that routed this copy
+    route: str | None = None  # the error route this copy is on (None: retry_sequence)
 
     def failed_again(
         self,
@@ -257,6 +261,7 @@ class Envelope:
         error_message: str,
         dead_reason: str | None = None,
         group: str | None = None,
+        route: str | None = None,
     ) -> Envelope:
         # Positional construction: dataclasses.replace costs several times more, per failure.
         return Envelope(
@@ -271,6 +276,7 @@ class Envelope:
             error_message,
             dead_reason,
             group if group is not None else self.group,
+            route if route is not None else self.route,
         )
 
 
@@ -358,7 +364,18 @@ def decode_tier_envelope(headers: Sequence[tuple[str, bytes | None]] | None) -> 
         _text(found, ERROR_MESSAGE, required=False),
         None,
         _group(found),
+        _route(found),
     )
+
+
+def _route(found: dict[str, bytes | None]) -> str | None:
+    """The error route a tier record is on; a value that is not a short ASCII token (no route
+    of any plan is named so) is no route: the record continues on retry_sequence."""
+    raw = found.get(ROUTE)
+    if raw is None or not 0 < len(raw) <= ROUTE_MAX_BYTES or not raw.isascii():
+        return None
+    text = raw.decode("ascii")
+    return text if text.isprintable() and " " not in text else None
 
 
 def _group(found: dict[str, bytes | None]) -> str | None:
@@ -393,6 +410,8 @@ def encode_envelope(env: Envelope) -> Headers:
         out.append((DEAD_REASON, env.dead_reason.encode("ascii")))
     if env.group:
         out.append((GROUP, env.group.encode("utf-8", errors="replace")))
+    if env.route:
+        out.append((ROUTE, truncate_utf8(env.route, ROUTE_MAX_BYTES)))
     return out
 
 

@@ -201,7 +201,7 @@ def _check_topics(consumer: ConsumerLike, settings: Settings, topics: list[str])
         raise KafkaRuntimeError(
             f"cannot reach the cluster at {settings.bootstrap_servers}: {exc}"
         ) from exc
-    needed = [*topics, plan.failed_topic, *plan.tier_topics]
+    needed = [*topics, plan.failed_topic, *plan.tier_topics, *plan.dlt_topics]
     missing = sorted({t for t in needed if t not in md.topics or md.topics[t].error})
     if missing:
         raise KafkaSetupError(
