@@ -31,6 +31,7 @@ from pydantic_settings import (
 from pydantic_settings.exceptions import SettingsError
 
 from retryd.errors import ConfigError, SequenceError
+from retryd.policy.circuit import BreakerPolicy
 from retryd.policy.error_routes import routes_from_value
 from retryd.policy.sequence import RetryPlan, validate_topic_name
 
@@ -187,6 +188,18 @@ class Settings(BaseSettings):
     poll_timeout_s: float = Field(default=0.5, gt=0, le=10)
     max_abandoned_handlers: int = Field(default=8, ge=1)
     tier_prefetch_kbytes: int = Field(default=1024, ge=1)
+    # Outage circuit breaker (retryd.policy.circuit): opens when, over the last
+    # circuit_window_calls calls of the last circuit_window_s, retryable failures are at least
+    # circuit_failure_ratio of them, at least circuit_min_failures, from circuit_min_keys keys
+    circuit_breaker: bool = True
+    circuit_window_calls: int = Field(default=100, ge=1, le=100_000)
+    circuit_window_s: float = Field(default=60.0, gt=0, le=3600)
+    circuit_failure_ratio: float = Field(default=0.5, gt=0, le=1)
+    circuit_min_failures: int = Field(default=20, ge=1)
+    circuit_min_keys: int = Field(default=5, ge=1)
+    # half-open probes: first after circuit_probe_s, then x2 (+-20 % jitter) up to the max
+    circuit_probe_s: float = Field(default=5.0, gt=0, le=3600)
+    circuit_probe_max_s: float = Field(default=60.0, gt=0, le=86_400)
     # Exactly-once routing: routed copies and input offsets commit in one Kafka transaction
     exactly_once: bool = False
     transaction_interval_ms: int = Field(default=100, ge=10, le=60_000)
@@ -369,9 +382,26 @@ class Settings(BaseSettings):
             options, file_problems = read_kafka_file(self.kafka_file)
             problems.extend(file_problems)
             self._kafka_from_file = options
+        try:
+            self.breaker_policy  # noqa: B018 - validate the combination
+        except ValueError as exc:
+            problems.append(str(exc))
         if problems:
             raise ValueError("; ".join(problems))
         return self
+
+    @property
+    def breaker_policy(self) -> BreakerPolicy:
+        return BreakerPolicy(
+            enabled=self.circuit_breaker,
+            window_calls=self.circuit_window_calls,
+            window_s=self.circuit_window_s,
+            failure_ratio=self.circuit_failure_ratio,
+            min_failures=self.circuit_min_failures,
+            min_keys=self.circuit_min_keys,
+            probe_initial_s=self.circuit_probe_s,
+            probe_max_s=self.circuit_probe_max_s,
+        )
 
     def plan_topics_or_empty(self) -> list[str]:
         try:

@@ -40,6 +40,8 @@ class Heartbeat:
     positions: dict[str, int] = field(default_factory=dict)
     # "topic/partition" -> one past the last routed copy this process had acknowledged there
     produced: dict[str, int] = field(default_factory=dict)
+    # this process's circuit breaker (``CircuitSnapshot.as_dict``); empty before the first beat
+    circuit: dict[str, object] = field(default_factory=dict)
 
 
 class HeartbeatWriter:
@@ -73,6 +75,7 @@ class HeartbeatWriter:
         drained: bool = False,
         positions: dict[str, int] | None = None,
         produced: dict[str, int] | None = None,
+        circuit: dict[str, object] | None = None,
     ) -> None:
         now = time.time()
         if not force and now - self._last < self.interval_s:
@@ -89,6 +92,7 @@ class HeartbeatWriter:
             drained,
             positions or {},
             produced or {},
+            circuit or {},
         )
         tmp = self.path.with_suffix(".tmp")
         try:

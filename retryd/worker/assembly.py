@@ -14,6 +14,7 @@ the group.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,9 +26,12 @@ from retryd.errors import KafkaRuntimeError, KafkaSetupError
 from retryd.handlers.base import AsyncHandler, Handler, SyncHandler, is_async_handler
 from retryd.handlers.quick import with_quick_retries
 from retryd.kafka.clients import new_consumer, new_producer
+from retryd.policy.circuit import Breaker
 from retryd.policy.routing import RoutePlanner
+from retryd.runtime.circuit_control import CommandReader
 from retryd.runtime.heartbeat import HeartbeatWriter
 from retryd.worker.book import ConsumerLike, PartitionBook
+from retryd.worker.circuit import Circuit
 from retryd.worker.clients import (
     transactional_id,
     worker_consumer_config,
@@ -74,6 +78,7 @@ class WorkerParts:
     router: Router
     settler: Settler
     intake: Intake
+    circuit: Circuit
     events: Events
     summary: RunSummary
     faults: Faults
@@ -153,7 +158,17 @@ def build_worker(
     pool = _pool(settings, handler, scheduler, lifecycle, events)
     router = Router(producer, counts)
     planner = RoutePlanner(plan, settings.group_id)
-    settler = Settler(planner, book, router, lifecycle, faults, exactly_once=settings.exactly_once)
+    circuit = Circuit(
+        Breaker(settings.breaker_policy, int(time.time() * 1000)),
+        scheduler,
+        book,
+        lifecycle,
+        events,
+        CommandReader(settings.state_dir, settings.group_id),
+    )
+    settler = Settler(
+        planner, book, router, lifecycle, faults, circuit, exactly_once=settings.exactly_once
+    )
     intake = Intake(book, plan, settings.group_id, settings.ordering, settler, faults)
     return Worker(
         WorkerParts(
@@ -170,6 +185,7 @@ def build_worker(
             router=router,
             settler=settler,
             intake=intake,
+            circuit=circuit,
             events=events,
             summary=summary,
             faults=faults,

@@ -84,6 +84,7 @@ class Worker:
         self.router = parts.router
         self.settler = parts.settler
         self.intake = parts.intake
+        self.circuit = parts.circuit
         self.faults = parts.faults
         self._consumer = parts.consumer
         self.offsets = parts.offsets
@@ -140,7 +141,11 @@ class Worker:
             intake.release_due(_now_ms())
             self._dispatch()
             batch: list[Any] = []
-            if scheduler.ready_items >= 2 * batch_size and not self.book.backlog_paused:
+            if (
+                scheduler.ready_items >= 2 * batch_size
+                and not self.book.backlog_paused
+                and self.circuit.closed  # an open circuit holds records ready on purpose
+            ):
                 # The pool is behind: consuming more would only grow the buffers. Wait for
                 # it to take half of what is runnable (settling meanwhile), not for the broker.
                 throttled_since = throttled_since or started
@@ -163,7 +168,7 @@ class Worker:
     def _poll_timeout(self, poll_s: float) -> float:
         if self.pool.completions or self.router.blocked or self.router.reports:
             return 0.0
-        timeout = BUSY_POLL_S if self.pool.running() or len(self.scheduler) else poll_s
+        timeout = BUSY_POLL_S if self.pool.running() or self.scheduler.runnable else poll_s
         due = self.intake.next_due_ms()
         if due is not None:
             timeout = min(timeout, max(0.0, (due - _now_ms()) / 1000))
@@ -173,12 +178,13 @@ class Worker:
         works = self.intake.works()
         if works:
             self.scheduler.submit(works)
-        self.pool.wake(len(self.scheduler))
+        self.pool.wake(self.scheduler.runnable)
 
     def _settle_once(self) -> None:
         settler, pool = self.settler, self.pool
         settler.poll()
         pool.watchdog()
+        pool.collect(settler.stats)  # calls answered reach the circuit breaker before failures
         settler.settle(pool.completions)
         if self._exactly_once:
             settler.route_frontier(self.book.parts.values())
@@ -189,6 +195,7 @@ class Worker:
         if self._rewind_due is not None:
             self._rewind(self._rewind_due)
         self._settle_once()
+        self.circuit.tick(_now_ms())
         s = self.settings
         flow_control(
             self.book,
@@ -244,8 +251,10 @@ class Worker:
             return
         lifecycle = self.lifecycle
         timeout_s = self.settings.handler_timeout_s
+        # With the circuit open nothing may start: records held in place go to the next owner.
+        closed_circuit = self.circuit.closed
         for st in states:
-            lifecycle.close(st, 0 if st.is_tier else st.started_end())
+            lifecycle.close(st, 0 if st.is_tier or not closed_circuit else st.started_end())
             self.intake.forget(st)  # not-yet-due tier records: the next owner waits for them
 
         def gaps_run() -> bool:
@@ -340,7 +349,14 @@ class Worker:
 
     def _finish_consumed(self) -> None:
         """On a clean stop, finish the records already consumed (not the ones waiting for
-        their due time), so a restart redoes as little as possible."""
+        their due time), so a restart redoes as little as possible. Not while the circuit is
+        open: the records it holds stay uncommitted, for whoever runs next."""
+        if not self.circuit.closed:
+            log.info(
+                "shutdown with the circuit %s: held records are left uncommitted",
+                self.circuit.breaker.state.value,
+            )
+            return
 
         def finished() -> bool:
             return not any(st.unfinished() for st in self.book.parts.values())
@@ -392,6 +408,7 @@ class Worker:
         if now - self._beat_at < hb.interval_s:
             return
         self._beat_at = now
+        self.circuit.apply_orders(_now_ms())
         book = self.book
         hb.beat(
             len(book.parts),
@@ -405,6 +422,7 @@ class Worker:
                 if st.position is not None
             },
             produced={f"{t}/{p}": end for (t, p), end in self.router.produced_end.items()},
+            circuit=self.circuit.snapshot().as_dict(),
         )
 
     def _idle(self) -> bool:

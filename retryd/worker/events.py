@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from retryd.metrics.buckets import LATENCY_BUCKETS, LATENESS_BUCKETS
+from retryd.policy.circuit import CircuitSnapshot
 
 
 class Buckets:
@@ -81,10 +82,11 @@ class _TopicHistograms:
 class BatchStats(_TopicHistograms):
     """Everything one poll iteration observed."""
 
-    __slots__ = ("dead", "outcomes", "records", "skipped")
+    __slots__ = ("answered", "dead", "outcomes", "records", "skipped")
 
     def __init__(self) -> None:
         super().__init__()
+        self.answered = 0  # calls settled on their slot (success, drop): the circuit's "ok"
         self.outcomes: Counter[tuple[str, str]] = Counter()  # (topic, outcome)
         self.dead: Counter[str] = Counter()  # dead-letter reason
         self.skipped: Counter[str] = Counter()  # skip reason
@@ -125,6 +127,7 @@ class SlotStats(_TopicHistograms):
                 delta = n - then.get(topic, 0)
                 if delta:
                     into.outcomes[(topic, outcome)] += delta
+                    into.answered += delta
         for topic, b in self.durations.items():
             into.duration(topic).add_delta(b, before.durations.get(topic) if before else None)
         for topic, b in self.lateness.items():
@@ -149,6 +152,8 @@ class Sink(Protocol):
 
     def forget(self, partitions: list[tuple[str, int]]) -> None: ...
 
+    def circuit(self, snapshot: CircuitSnapshot) -> None: ...
+
 
 class NullSink:
     def batch(self, stats: BatchStats, started: float, ended: float) -> None:
@@ -170,6 +175,9 @@ class NullSink:
         pass
 
     def forget(self, partitions: list[tuple[str, int]]) -> None:
+        pass
+
+    def circuit(self, snapshot: CircuitSnapshot) -> None:
         pass
 
 
@@ -206,3 +214,7 @@ class Events(NullSink):
     def forget(self, partitions: list[tuple[str, int]]) -> None:
         for s in self.sinks:
             s.forget(partitions)
+
+    def circuit(self, snapshot: CircuitSnapshot) -> None:
+        for s in self.sinks:
+            s.circuit(snapshot)

@@ -4,7 +4,8 @@
 
     WAITING ─due─▶ QUEUED ─claim─▶ RUNNING ─finish─▶ SUCCEEDED                       (settled)
                      ▲               │ └─finish/expire─▶ FAILED ─route─▶ ROUTING ─ack─▶ ACKED
-                     └───requeue─────┘
+                     ├───requeue─────┘                     │
+                     └───────────hold (circuit not closed)──┘
     (intake: another group's tier record) ─────────▶ SKIPPED                         (settled)
     any unsettled stage ─release (assignment over)─▶ DISCARDED
 
@@ -194,6 +195,17 @@ class Lifecycle:
             if w.stage is not FAILED:
                 return False
             w.stage = ROUTING
+            return True
+
+    def hold(self, w: Work) -> bool:
+        """FAILED → QUEUED: the call failed during an outage (the circuit breaker is not
+        closed), so the record is not moved on; it stays unsettled in its place and runs again.
+        False when it was discarded meanwhile."""
+        with self.lock:
+            if w.stage is not FAILED:
+                return False
+            w.stage = QUEUED
+            w.result = None
             return True
 
     def acked(self, w: Work) -> bool:

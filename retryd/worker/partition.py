@@ -28,6 +28,7 @@ PAUSE_MEMORY = (
 PAUSE_PRODUCER = 4  # the producer's local queue is full: routed copies are backing up
 PAUSE_TAIL = 8  # a tier partition holds ``tier_buffer`` records (or its share of bytes) not yet due
 PAUSE_BACKLOG = 16  # the pool has been behind for a while: consume() serves the group only
+PAUSE_CIRCUIT = 32  # the outage circuit breaker is open: nothing may start, nothing is fetched
 
 _epochs = itertools.count(1)
 

@@ -12,6 +12,10 @@ back only its own records.
 Records are their own queue nodes (no run objects per key), and slots take ready records in
 chunks under one lock acquisition, so a record costs a few dictionary and deque operations.
 
+The *gate* (``set_gate``) is how the outage circuit breaker stops calls: ``permits`` None lets
+every ready record start, 0 none (records stay ready, in order), 1 exactly one (the half-open
+probe, remembered in ``probe``).
+
 Thread safety: ``submit`` is called by the poll thread, ``take``/``handoff``/``release_*``/
 ``requeue`` by the handler slots; every structure is guarded by ``lock``.
 """
@@ -38,6 +42,8 @@ class Scheduler:
         self._signal.acquire()
         self._want = False
         self._low = 0
+        self.permits: int | None = None  # the gate: records that may still start; None = all
+        self.probe: Work | None = None  # the last record let through a limited gate
 
     def __len__(self) -> int:
         """Records ready to start (not counting chained ones)."""
@@ -46,6 +52,20 @@ class Scheduler:
     @property
     def ready_items(self) -> int:
         return len(self.ready)
+
+    @property
+    def runnable(self) -> int:
+        """Records a slot may take now: the ready ones, as far as the gate lets them."""
+        permits = self.permits
+        n = len(self.ready)
+        return n if permits is None else min(n, permits)
+
+    def set_gate(self, permits: int | None) -> None:
+        """None: no limit; 0: nothing starts; more: one record more starts (the probe)."""
+        with self.lock:
+            self.permits = permits
+            if permits:
+                self.probe = None
 
     @property
     def busy_keys(self) -> int:
@@ -73,8 +93,16 @@ class Scheduler:
         return made_ready
 
     def take_locked(self, n: int) -> list[Work]:
-        """Up to ``n`` ready records; the caller holds ``lock``."""
+        """Up to ``n`` ready records (as far as the gate lets them); the caller holds
+        ``lock``."""
         ready = self.ready
+        permits = self.permits
+        if permits is not None:
+            if permits <= 0 or not ready:
+                return []
+            self.permits = 0
+            self.probe = w = ready.popleft()
+            return [w]
         if n == 1 or len(ready) == 1:
             out = [ready.popleft()]
         else:
@@ -101,11 +129,13 @@ class Scheduler:
                 nxt = w.next
                 if nxt is not None:
                     ready.append(nxt)
+                    w.next = None  # released once: a held record that runs again releases nothing
                 elif self._tails.get(key) is w:
                     del self._tails[key]
             if not ready:
                 return None
-            return self.take_locked(1)[0]
+            out = self.take_locked(1)
+            return out[0] if out else None
 
     def release_many(self, works: list[Work], into: list[Work]) -> None:
         """Records finished together (an abandoned slot's), under one lock; successors go to
@@ -119,6 +149,7 @@ class Scheduler:
                 nxt = w.next
                 if nxt is not None:
                     into.append(nxt)
+                    w.next = None
                 elif tails.get(key) is w:
                     del tails[key]
 
@@ -135,12 +166,13 @@ class Scheduler:
             nxt = w.next
             if nxt is not None:
                 append(nxt)
+                w.next = None
             elif tails.get(key) is w:
                 del tails[key]
 
     def requeue(self, works: list[Work]) -> None:
-        """Records a slot held but never started (its thread hung and was abandoned): back to
-        the front, in order; their keys stay busy, so order holds."""
+        """Records a slot held but never started (its thread hung and was abandoned), or
+        failed records the circuit breaker holds: back to the front, in order."""
         with self.lock:
             self.ready.extendleft(reversed(works))
 

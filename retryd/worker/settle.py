@@ -33,6 +33,7 @@ from retryd.errors import DeliveryError
 from retryd.policy.oversize import DEAD_TOO_LARGE, route_too_large
 from retryd.policy.routing import Route, RoutePlanner, route_malformed
 from retryd.worker.book import PartitionBook
+from retryd.worker.circuit import Circuit
 from retryd.worker.events import BatchStats
 from retryd.worker.faults import Faults
 from retryd.worker.lifecycle import ACKED, DISCARDED, FAILED, SKIPPED, SUCCEEDED, Lifecycle
@@ -71,10 +72,13 @@ class Settler:
         router: Router,
         lifecycle: Lifecycle,
         faults: Faults,
+        circuit: Circuit,
         *,
         exactly_once: bool = False,
     ) -> None:
         self.planner = planner
+        self.circuit = circuit
+        self._answered_fed = 0  # stats.answered already told to the circuit
         self.book = book
         self.router = router
         self.lifecycle = lifecycle
@@ -86,11 +90,17 @@ class Settler:
         self.resent = 0  # copies sent again after a transient refusal
 
     def settle(self, completions: deque[Work]) -> int:
-        """Route every finished call that failed (successes settle on their slot); returns
-        how many."""
-        if not completions:
+        """Route every finished call that failed (successes settle on their slot), unless the
+        circuit breaker holds it in place; returns how many. The calls answered since the last
+        look (collected into ``stats`` first) reach the breaker before the failures."""
+        answered = self.stats.answered - self._answered_fed
+        if not completions and not answered:
             return 0
         now_ms = int(time.time() * 1000)
+        circuit = self.circuit
+        if answered:
+            self._answered_fed += answered
+            circuit.answered(answered, now_ms)
         n = 0
         popleft = completions.popleft
         while completions:
@@ -98,6 +108,8 @@ class Settler:
             n += 1
             if w.stage is not FAILED:
                 continue  # discarded: its assignment was released
+            if circuit.hold(w, now_ms):
+                continue  # an outage: the record stays in place and runs again
             self.route(w, self._plan(w, now_ms))
         return n
 
@@ -289,5 +301,9 @@ class Settler:
 
     def take_stats(self) -> BatchStats:
         """This iteration's observations; a fresh accumulator starts."""
+        rest = self.stats.answered - self._answered_fed
+        if rest:  # collected after this iteration's settling
+            self.circuit.answered(rest, int(time.time() * 1000))
         stats, self.stats = self.stats, BatchStats()
+        self._answered_fed = 0
         return stats

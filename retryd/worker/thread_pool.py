@@ -171,7 +171,7 @@ class ThreadPool:
             with self._cond:
                 if held:
                     release(held)  # records chained behind them become ready
-                while not ready:
+                while not ready or scheduler.permits == 0:  # nothing, or the gate is shut
                     if self._closed:
                         return
                     self._idle += 1
