@@ -162,7 +162,13 @@ def routing(run: Run, n: int, turn: int = 0) -> dict:
             order.reverse()
         got: dict[str, dict] = {}
         for variant in order:
-            env = {"RETRYD_TIER_TEMPLATE": "{group}.retry_{delay}", **ROUTING_VARIANTS[variant]}
+            env = {
+                "RETRYD_TIER_TEMPLATE": "{group}.retry_{delay}",
+                # every message fails: to the outage circuit breaker that is an outage, and it
+                # would hold them; this scenario measures the routing path itself
+                "RETRYD_CIRCUIT_BREAKER": "false",
+                **ROUTING_VARIANTS[variant],
+            }
             cli = run.cli(b, topic, "python:bench.handlers:fail_first", **env)
             cli.topics_create()
             got[variant] = _throughput(run, cli, topic, "retried", n, committed=True)
@@ -224,6 +230,7 @@ def lateness(run: Run, n: int, sequence: str = "2s,5s,10s") -> dict:
             topic,
             "python:bench.handlers:tiers",
             RETRYD_RETRY_SEQUENCE=sequence,
+            RETRYD_CIRCUIT_BREAKER="false",  # most calls fail on purpose: not an outage here
             BENCH_LATENESS_FILE=str(samples_file),
         )
         cli.topics_create()

@@ -20,11 +20,16 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 from retryd.handlers.base import AsyncHandler, Handler, Message, SyncHandler, is_async_handler
 from retryd.policy.classify import HandlerResult, Outcome, timeout_result
 
 _RETRY = Outcome.RETRY
+
+
+def _never(result: HandlerResult) -> bool:
+    return False
 
 
 def quick_timeout_s(handler_timeout_s: float, quick: int, quick_delay_ms: int) -> float:
@@ -35,9 +40,16 @@ def quick_timeout_s(handler_timeout_s: float, quick: int, quick_delay_ms: int) -
 class QuickRetrySync:
     """``SyncHandler`` calling ``inner`` up to ``quick`` more times for a retryable failure."""
 
-    def __init__(self, inner: SyncHandler, quick: int, quick_delay_ms: int) -> None:
+    def __init__(
+        self,
+        inner: SyncHandler,
+        quick: int,
+        quick_delay_ms: int,
+        terminal: Callable[[HandlerResult], bool] = _never,
+    ) -> None:
         self.inner = inner
         self.quick = quick
+        self.terminal = terminal  # an error route dead-letters this failure: no retry helps
         self.delay_s = quick_delay_ms / 1000.0
         self.timeout_s = quick_timeout_s(inner.timeout_s, quick, quick_delay_ms)
 
@@ -46,7 +58,7 @@ class QuickRetrySync:
         if message.retry_number:
             return result
         for _ in range(self.quick):
-            if result.outcome is not _RETRY:
+            if result.outcome is not _RETRY or self.terminal(result):
                 break
             time.sleep(self.delay_s)  # a handler slot's own thread, never the poll loop
             result = self.inner.call(message)
@@ -61,10 +73,16 @@ class QuickRetryAsync:
     handler timeout."""
 
     def __init__(
-        self, inner: AsyncHandler, quick: int, quick_delay_ms: int, timeout_s: float
+        self,
+        inner: AsyncHandler,
+        quick: int,
+        quick_delay_ms: int,
+        timeout_s: float,
+        terminal: Callable[[HandlerResult], bool] = _never,
     ) -> None:
         self.inner = inner
         self.quick = quick
+        self.terminal = terminal
         self.delay_s = quick_delay_ms / 1000.0
         self.attempt_timeout_s = timeout_s
         self.timeout_s = quick_timeout_s(timeout_s, quick, quick_delay_ms)
@@ -81,7 +99,7 @@ class QuickRetryAsync:
             return await self.inner.acall(message)  # the slot's own timeout applies
         result = await self._attempt(message)
         for _ in range(self.quick):
-            if result.outcome is not _RETRY:
+            if result.outcome is not _RETRY or self.terminal(result):
                 break
             await asyncio.sleep(self.delay_s)
             result = await self._attempt(message)
@@ -92,13 +110,19 @@ class QuickRetryAsync:
 
 
 def with_quick_retries(
-    handler: Handler, quick: int, quick_delay_ms: int, timeout_s: float
+    handler: Handler,
+    quick: int,
+    quick_delay_ms: int,
+    timeout_s: float,
+    terminal: Callable[[HandlerResult], bool] = _never,
 ) -> Handler:
-    """``handler`` itself when there are no quick retries, else the matching wrapper."""
+    """``handler`` itself when there are no quick retries, else the matching wrapper.
+    ``terminal`` says which retryable failures an error route dead-letters at once (those are
+    not retried in place either)."""
     if quick <= 0:
         return handler
     if is_async_handler(handler):
         assert isinstance(handler, AsyncHandler)
-        return QuickRetryAsync(handler, quick, quick_delay_ms, timeout_s)
+        return QuickRetryAsync(handler, quick, quick_delay_ms, timeout_s, terminal)
     assert isinstance(handler, SyncHandler)
-    return QuickRetrySync(handler, quick, quick_delay_ms)
+    return QuickRetrySync(handler, quick, quick_delay_ms, terminal)

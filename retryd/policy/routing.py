@@ -182,6 +182,14 @@ class RoutePlanner:
             found = by_status.get(error_class) or by_status.get(error_class[:6] + "xx")
         return found
 
+    def terminal(self, result: HandlerResult) -> bool:
+        """A retryable failure that an error route sends straight to a dead-letter topic
+        (``dlt:``/``dead``): no retry of any kind helps it, quick retries in place included."""
+        if not self._lanes or result.outcome is not Outcome.RETRY:
+            return False
+        lane = self._match(result)
+        return lane is not None and lane.dead is not None
+
     def failure(
         self,
         envelope: Envelope,

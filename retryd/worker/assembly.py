@@ -152,12 +152,12 @@ def build_worker(
     scheduler = Scheduler()
     lifecycle = Lifecycle(hooks)
     # quick retries in place: one longer call to the engine (retryd.handlers.quick)
+    planner = RoutePlanner(plan, settings.group_id)
     handler = with_quick_retries(
-        handler, plan.quick, plan.quick_delay_ms, settings.handler_timeout_s
+        handler, plan.quick, plan.quick_delay_ms, settings.handler_timeout_s, planner.terminal
     )
     pool = _pool(settings, handler, scheduler, lifecycle, events)
     router = Router(producer, counts)
-    planner = RoutePlanner(plan, settings.group_id)
     circuit = Circuit(
         Breaker(settings.breaker_policy, int(time.time() * 1000)),
         scheduler,

@@ -22,6 +22,7 @@ from collections.abc import Hashable
 
 from retryd.policy.circuit import Breaker, CircuitSnapshot, CircuitState
 from retryd.policy.classify import Outcome
+from retryd.policy.headers import DEAD_EXHAUSTED
 from retryd.runtime.circuit_control import CommandReader
 from retryd.worker.book import PartitionBook
 from retryd.worker.events import Sink
@@ -80,21 +81,27 @@ class Circuit:
             b.probe_answered(now_ms)
             self._sync()
 
-    def hold(self, w: Work, now_ms: int) -> bool:
-        """``w``'s call failed (``w`` is FAILED): count it, and True when it is held in place
-        instead of routed (the circuit is, or just became, not closed)."""
+    def hold(self, w: Work, now_ms: int, dead_reason: str | None) -> bool:
+        """``w``'s call failed (``w`` is FAILED) and its route was planned (``dead_reason``:
+        None for a tier): count it, and True when it is held in place instead of routed (the
+        circuit is, or just became, not closed). A failure that a rule sends to a dead-letter
+        topic (an error route's ``dlt:``/``dead``, malformed headers) is neither."""
         result = w.result
         assert result is not None
         b = self.breaker
         if result.outcome is not _RETRY:  # the service answered: not an outage
             self.answered(1, now_ms)
             return False
+        if dead_reason is not None and dead_reason != DEAD_EXHAUSTED:
+            return False  # dead-lettered by a rule, not moved on by the outage
         if not b.policy.enabled:
             return False
         error = f"{result.error_class} at {w.where}"
+        probe = False
         if b.state is CLOSED:
             b.observe(now_ms, 0, [(failure_key(w), error)])
         elif w is self.scheduler.probe and b.state is HALF_OPEN:
+            probe = True
             b.probe_failed(now_ms, error)
             log.warning(
                 "circuit stays open: the probe %s failed (%s); next probe in %.1fs",
@@ -107,7 +114,10 @@ class Circuit:
         self._sync()  # shut the gate at once: no more calls start into the outage
         if b.state is CLOSED or not self.lifecycle.hold(w):
             return False
-        self._held.append(w)
+        if probe:  # the next probe is another record: this one may be a poison record
+            self.scheduler.requeue_last(w)
+        else:
+            self._held.append(w)
         b.count_held()
         return True
 

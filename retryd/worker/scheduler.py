@@ -176,6 +176,12 @@ class Scheduler:
         with self.lock:
             self.ready.extendleft(reversed(works))
 
+    def requeue_last(self, w: Work) -> None:
+        """A record to the *back* of the ready queue: a failed probe, so the next probe is
+        another record (a poison record at the front must not keep an outage's circuit open)."""
+        with self.lock:
+            self.ready.append(w)
+
     def wait_below(self, low: int, timeout_s: float) -> None:
         """Block until at most ``low`` records are ready (slots took the rest), or the
         timeout: how the poll thread lets the pool catch up without consuming more."""

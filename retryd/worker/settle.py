@@ -108,9 +108,13 @@ class Settler:
             n += 1
             if w.stage is not FAILED:
                 continue  # discarded: its assignment was released
-            if circuit.hold(w, now_ms):
+            route = self._plan(w, now_ms)
+            if circuit.hold(w, now_ms, route.dead_reason):
                 continue  # an outage: the record stays in place and runs again
-            self.route(w, self._plan(w, now_ms))
+            if route.is_dead:
+                error_class = w.result.error_class if w.result is not None else None
+                log.info("%s dead-lettered (%s): %s", w.where, route.dead_reason, error_class)
+            self.route(w, route)
         return n
 
     def _plan(self, w: Work, now_ms: int) -> Route:
@@ -147,8 +151,6 @@ class Settler:
             )
         else:
             route = self.planner.failure(env, headers, result, now_ms)
-        if route.is_dead:
-            log.info("%s dead-lettered (%s): %s", w.where, route.dead_reason, result.error_class)
         return route
 
     def route(self, w: Work, route: Route) -> None:

@@ -187,3 +187,39 @@ def test_disabled_the_outage_routes_as_before(tmp_path: Path) -> None:
     send(broker, 100, keys=50)
     worker.run(until_drained=True)
     assert len(broker.records("failed_topic")) == 100
+
+
+def test_a_poison_record_failing_the_probe_does_not_keep_the_circuit_open(
+    tmp_path: Path,
+) -> None:
+    broker = StubBroker()
+    service = Service()
+    service.down.set()
+
+    def handler(m: Message) -> None:
+        if m.key == b"poison":
+            raise ConnectionError("poison: always unavailable")
+        service(m)
+
+    worker = make_worker(
+        broker,
+        tmp_path,
+        handler,
+        sequence="50ms",
+        circuit_probe_s=0.2,
+        circuit_probe_max_s=0.2,
+        max_in_flight=1,
+        circuit_breaker=True,
+    )
+    broker.append(MAIN, b"poison", b"p")  # the oldest record: the first one held, the first probe
+    send(broker, 100, keys=20)
+    thread = _run(worker)
+    wait_for(lambda: _state(worker) is OPEN, 10, what="the circuit to open")
+    service.down.clear()
+    thread.join(30)
+    assert not thread.is_alive()
+    snap = worker.circuit.snapshot()
+    assert snap.state is CLOSED
+    assert snap.probes <= 3  # the poison probe failed once; another record's probe closed it
+    assert [r.key for r in broker.records("failed_topic")] == [b"poison"]
+    assert set(service.ok) == set(range(1, 101))

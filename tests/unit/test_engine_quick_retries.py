@@ -122,3 +122,33 @@ def test_a_key_s_later_records_wait_behind_its_quick_retries(tmp_path: Path) -> 
         assert offsets == sorted(offsets), f"key {key} out of order: {offsets}"
     assert broker.records("retry_1s") == []
     assert broker.committed_offset(GROUP, MAIN) == 60
+
+
+@pytest.mark.parametrize("kind", ["def", "async def"])
+def test_a_failure_an_error_route_dead_letters_is_not_retried_in_place(
+    tmp_path: Path, kind: str
+) -> None:
+    broker = StubBroker()
+    broker.create("orders.denied", 1)
+    seen = Attempts()
+
+    def denied(m: Message) -> None:
+        seen.note(m)
+        raise PermissionError("denied")
+
+    async def async_denied(m: Message) -> None:
+        denied(m)
+
+    worker = make_worker(
+        broker,
+        tmp_path,
+        denied if kind == "def" else async_denied,
+        sequence="1s, quick=3@10ms",
+        error_routes={"PermissionError": "dlt:orders.denied"},
+    )
+    send(broker, 4)
+    worker.run(until_drained=True)
+
+    assert seen.per_offset() == Counter({o: 1 for o in range(4)})  # one call each
+    assert len(broker.records("orders.denied")) == 4
+    assert broker.records("retry_1s") == []

@@ -1,0 +1,209 @@
+"""The outage circuit breaker on real Kafka, with the CLI worker at its default breaker settings
+calling a real HTTP business service: the service answers 503 to everything for 30 s under
+steady load.
+
+Asserted: no record reaches ``failed_topic`` because of the outage, the tier copies made
+before the circuit opened are bounded by the detection window, nothing is lost, processing
+resumes within one probe interval of the service's recovery, and a poison key under the same
+load goes its normal way to ``failed_topic`` without ever opening the circuit. Measured (printed
+and written to ``circuit-outage.json`` in the test's directory): detection delay, tier copies,
+calls spent on the dead service per minute while open, time to resume.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Producer
+
+from retryd.runtime.heartbeat import read_heartbeats
+from tests.integration.worker_support import deployment, stop_process
+from tests.support import Record, read_topic, wait_for
+
+OUTAGE_S = 30.0
+LOAD_PER_S = 40
+KEYS = 100
+POISON = "poison"
+
+
+class Service(BaseHTTPRequestHandler):
+    """Answers 200, 503 to everything while ``down``, and 503 always to the poison key."""
+
+    lock = threading.Lock()
+    down = False
+    calls: list[tuple[float, str, int]] = []  # (time, body, status)
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0))).decode()
+        status = 503 if Service.down or body.startswith(POISON) else 200
+        with Service.lock:
+            Service.calls.append((time.time(), body, status))
+        self.send_response(status)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def service() -> Iterator[str]:
+    Service.down = False
+    Service.calls = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Service)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/handle"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+class Load:
+    """Steady load on the main topic: ``LOAD_PER_S`` records a second over ``KEYS`` keys, one
+    in fifty for the poison key."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self.producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5})
+        self.topic = topic
+        self.sent: list[str] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        i = 0
+        start = time.monotonic()
+        while not self.stop.is_set():
+            body = f"{POISON}-{i}" if i % 50 == 25 else f"m-{i}"
+            key = POISON if body.startswith(POISON) else f"k{i % KEYS}"
+            self.producer.produce(self.topic, key=key.encode(), value=body.encode())
+            self.sent.append(body)
+            i += 1
+            self.producer.poll(0)
+            # paced by the clock, not by sleeping out a fixed share
+            self.stop.wait(max(0.0, start + i / LOAD_PER_S - time.monotonic()))
+        assert self.producer.flush(30) == 0
+
+
+def _read(bootstrap: str, topic: str) -> list[Record]:
+    """Everything in ``topic`` now (empty while nothing was written yet)."""
+    try:
+        return read_topic(bootstrap, topic, timeout=5)
+    except AssertionError:  # timed out on a topic with nothing in it yet
+        return []
+
+
+def _circuit(state_dir: Path) -> dict[str, Any]:
+    beats = read_heartbeats(state_dir)
+    return beats[0].circuit if beats and beats[0].circuit else {}
+
+
+def test_a_30s_outage_opens_the_circuit_and_loses_nothing(
+    bootstrap: str, tmp_path: Path, service: str
+) -> None:
+    dep = deployment(
+        bootstrap, tmp_path, sequence="1s,1s", handler=service, partitions=2, circuit_breaker=True
+    )
+    state_dir = dep.settings.state_dir
+    worker = dep.spawn_worker(tmp_path / "worker.log")
+    load = Load(bootstrap, dep.main)
+    try:
+        wait_for(lambda: _circuit(state_dir), 60, what="the worker's first heartbeat")
+        load.thread.start()
+        # warm: the poison key fails its way to failed_topic, the circuit stays closed
+        wait_for(
+            lambda: len(_read(bootstrap, dep.failed)) >= 2,
+            60,
+            what="poison records dead-lettered before the outage",
+        )
+        assert _circuit(state_dir)["transitions"] == {}, "the poison key opened the circuit"
+
+        Service.down = True
+        down_at = time.time()
+        opened = wait_for(
+            lambda: (c := _circuit(state_dir)).get("state") == "open" and c,
+            30,
+            interval=0.05,
+            what="the circuit to open",
+        )
+        detection_s = opened["since_ms"] / 1000 - down_at
+        wait_for(lambda: time.time() - down_at >= OUTAGE_S, OUTAGE_S + 5, interval=0.2)
+        Service.down = False
+        up_at = time.time()
+        closed = wait_for(
+            lambda: (c := _circuit(state_dir)).get("state") == "closed" and c,
+            90,
+            interval=0.1,
+            what="the circuit to close after recovery",
+        )
+        resumed_s = closed["since_ms"] / 1000 - up_at
+        load.stop.set()
+        load.thread.join(60)
+
+        sent = set(load.sent)
+        expected_ok = {b for b in sent if not b.startswith(POISON)}
+        poison = sent - expected_ok
+
+        def handled() -> bool:
+            with Service.lock:
+                ok = {body for _, body, status in Service.calls if status == 200}
+            return expected_ok <= ok
+
+        wait_for(handled, 120, interval=0.2, what="every record handled")
+        wait_for(
+            lambda: len(_read(bootstrap, dep.failed)) >= len(poison),
+            60,
+            what="every poison record dead-lettered",
+        )
+    finally:
+        load.stop.set()
+        assert stop_process(worker) == 0
+
+    failed = read_topic(bootstrap, dep.failed)
+    failed_bodies = [r.value.decode() for r in failed]
+    assert sorted(failed_bodies) == sorted(poison)  # 0 caused by the outage, each poison once
+    tier_bodies = [
+        r.value.decode() for delay in ("1s",) for r in read_topic(bootstrap, dep.tier(delay))
+    ]
+    outage_copies = [b for b in tier_bodies if not b.startswith(POISON)]
+    with Service.lock:
+        calls = list(Service.calls)
+    open_s = closed["since_ms"] / 1000 - opened["since_ms"] / 1000
+    dead_calls = [
+        c
+        for c in calls
+        if opened["since_ms"] / 1000 <= c[0] < closed["since_ms"] / 1000 and c[2] == 503
+    ]
+    report = {
+        "outage_s": OUTAGE_S,
+        "load_per_s": LOAD_PER_S,
+        "detection_delay_s": round(detection_s, 3),
+        "tier_copies_caused_by_the_outage": len(outage_copies),
+        "failed_topic_records_caused_by_the_outage": len(failed_bodies) - len(poison),
+        "circuit_open_s": round(open_s, 2),
+        "calls_on_the_dead_service_while_open": len(dead_calls),
+        "calls_per_minute_while_open": round(len(dead_calls) / (open_s / 60), 1),
+        "resumed_after_recovery_s": round(resumed_s, 2),
+        "probes": closed["probes"],
+        "held_in_place": closed["held"],
+        "records": len(sent),
+    }
+    (tmp_path / "circuit-outage.json").write_text(json.dumps(report, indent=2))
+    print("circuit outage:", json.dumps(report))
+
+    assert detection_s < 10
+    # before it opened: the detection window (min 20 failures, 50 % of the last 100 calls),
+    # plus the calls in flight (max_in_flight 16)
+    assert len(outage_copies) <= 100 + 16, report
+    # the probe interval doubles from 5 s (+-20 %) up to 60 s: the one pending at recovery
+    assert resumed_s <= 60 * 1.2 + 2, report
+    assert closed["held"] > 0
