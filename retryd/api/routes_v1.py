@@ -1,5 +1,8 @@
 """``/v1``: browse failed_topic, replay one record, bulk replay jobs (bearer token required).
 
+``topic`` (query, or body of a job) reads an error route's dead-letter topic instead of
+failed_topic; any other topic is refused (``retryd.replay.sources``).
+
 Every handler is ``async`` and runs its blocking Kafka work through ``offload``: on a thread of
 its route group's bulkhead (``retryd.api.limits``), never on the shared default pool.
 """
@@ -22,7 +25,9 @@ from retryd.api.schemas import (
     MAX_MS,
     MAX_OFFSET,
     MAX_PARTITION,
+    SOURCE_TOPIC_FORMS,
     TIME_FORMS,
+    TOPIC_PATTERN,
     DeadReason,
     ErrorBody,
     FailedPage,
@@ -44,6 +49,7 @@ from retryd.replay.errors import InvalidRequest, RecordNotFound
 from retryd.replay.jobs import JobSpec
 from retryd.replay.ledger import LedgerEntry
 from retryd.replay.records import PREVIEW_MAX, RecordFilter, key_from, render_record
+from retryd.replay.sources import source_topic
 
 
 def err_doc(description: str) -> dict[str, Any]:
@@ -70,7 +76,12 @@ router = APIRouter(
     responses=COMMON,
 )
 
-PartitionPath = Annotated[int, Path(ge=0, le=MAX_PARTITION, description="failed_topic partition")]
+PartitionPath = Annotated[
+    int, Path(ge=0, le=MAX_PARTITION, description="partition of the dead-letter topic")
+]
+TopicQuery = Annotated[
+    str | None, Query(pattern=TOPIC_PATTERN, description=f"the topic to read: {SOURCE_TOPIC_FORMS}")
+]
 OffsetPath = Annotated[int, Path(ge=0, le=MAX_OFFSET, description="offset in that partition")]
 
 
@@ -116,12 +127,13 @@ def to_filter(f: FilterIn) -> RecordFilter:
 @router.get(
     "/failed",
     response_model=FailedPage,
-    summary="Browse failed_topic with filters and cursor pagination",
+    summary="Browse failed_topic (or a route's dead-letter topic) with filters and a cursor",
     responses={
         400: {
             **err_doc(
-                "the cursor is not valid for this topic (JSON); or, as text/plain from the HTTP "
-                "server itself, a request line longer than 64 KiB"
+                "the cursor is not valid for this topic, or topic is not a dead-letter topic "
+                "(JSON); or, as text/plain from the HTTP server itself, a request line longer "
+                "than 64 KiB"
             ),
             "content": {"text/plain": {"schema": {"type": "string"}}},
         }
@@ -129,6 +141,7 @@ def to_filter(f: FilterIn) -> RecordFilter:
 )
 async def list_failed(
     request: Request,
+    topic: TopicQuery = None,
     original_topic: Annotated[str | None, Query(max_length=249)] = None,
     error_class: Annotated[str | None, Query(max_length=1024)] = None,
     dead_reason: Annotated[DeadReason | None, Query()] = None,
@@ -164,6 +177,7 @@ async def list_failed(
     preview_bytes: Annotated[int, Query(ge=0, le=65536)] = 1024,
 ) -> FailedPage:
     sc = _sidecar(request)
+    source = source_topic(sc.settings, topic)
     flt = to_filter(
         FilterIn(
             original_topic=original_topic,
@@ -187,6 +201,7 @@ async def list_failed(
             limit=limit,
             preview_bytes=preview_bytes,
             timeout_s=sc.timeout_s,
+            topic=source,
         )
         ledger = sc.ready_ledger()
         items = [
@@ -204,18 +219,23 @@ async def list_failed(
     "/failed/{partition}/{offset}",
     response_model=FailedRecordOut,
     summary="One failed record, headers decoded",
-    responses={404: err_doc("no record at that partition/offset")},
+    responses={
+        400: err_doc("topic is not a dead-letter topic"),
+        404: err_doc("no record at that partition/offset"),
+    },
 )
 async def get_failed(
     request: Request,
     partition: PartitionPath,
     offset: OffsetPath,
     preview_bytes: Annotated[int, Query(ge=0, le=PREVIEW_MAX)] = 65536,
+    topic: TopicQuery = None,
 ) -> FailedRecordOut:
     sc = _sidecar(request)
+    source = source_topic(sc.settings, topic)
 
     def work() -> FailedRecordOut:
-        rec = read_record(sc.pool, partition, offset, sc.timeout_s)
+        rec = read_record(sc.pool, partition, offset, sc.timeout_s, source)
         ledger = sc.ready_ledger()
         return FailedRecordOut(
             **render_record(rec, preview_bytes), replayed=_ledger_out(ledger.get(rec.coord))
@@ -229,6 +249,7 @@ async def get_failed(
     response_model=ReplayOneOut,
     summary="Replay one failed record (fresh retry sequence)",
     responses={
+        400: err_doc("topic is not a dead-letter topic"),
         403: FORBIDDEN,
         404: err_doc("no record at that partition/offset"),
         409: err_doc("already replayed (see the ledger entry); pass force=true to replay again"),
@@ -242,13 +263,15 @@ async def replay_one(
     offset: OffsetPath,
     body: Annotated[ReplayOneIn | None, Body()] = None,
     force: Annotated[bool, Query(description="same as body force")] = False,
+    topic: TopicQuery = None,
 ) -> ReplayOneOut:
     sc = _sidecar(request)
     want = body or ReplayOneIn()
     actor = actor_of(request)
+    source = source_topic(sc.settings, topic)
 
     def work() -> Any:
-        rec = read_record(sc.pool, partition, offset, sc.timeout_s)
+        rec = read_record(sc.pool, partition, offset, sc.timeout_s, source)
         sc.ready_ledger(refresh=False)  # replay() re-reads it right before deciding
         return sc.replayer.replay(rec, target=want.target, force=want.force or force, actor=actor)
 
@@ -271,7 +294,10 @@ async def replay_one(
     status_code=202,
     summary="Start a bulk replay job (or a dry run)",
     responses={
-        400: err_doc("since/until given with since_ms/until_ms, or not a real time"),
+        400: err_doc(
+            "since/until given with since_ms/until_ms, not a real time, or topic is not a "
+            "dead-letter topic"
+        ),
         403: FORBIDDEN,
         429: err_doc("too many jobs running in this sidecar"),
     },
@@ -279,6 +305,7 @@ async def replay_one(
 async def create_job(request: Request, body: ReplayJobIn) -> ReplayJobOut:
     sc = _sidecar(request)
     flt = to_filter(body.filter)
+    source = source_topic(sc.settings, body.topic)
     actor = actor_of(request)
 
     def work() -> ReplayJobOut:
@@ -289,6 +316,7 @@ async def create_job(request: Request, body: ReplayJobIn) -> ReplayJobOut:
         job = sc.jobs.create(
             JobSpec(
                 filter=flt,
+                topic=source,
                 target=body.target,
                 max_per_second=body.max_per_second,
                 max_messages=body.max_messages,
@@ -301,6 +329,7 @@ async def create_job(request: Request, body: ReplayJobIn) -> ReplayJobOut:
             "created",
             actor=actor,
             job=job.id,
+            topic=source,
             target=body.target,
             filter=",".join(f"{k}:{v}" for k, v in flt.describe().items()) or None,
             max_per_second=body.max_per_second,

@@ -2,15 +2,27 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from retryd.policy.circuit import CircuitState
 from retryd.policy.timespec import TIME_PATTERN
+from retryd.replay.records import DEAD_REASONS
 
 TOPIC_PATTERN = r"^[A-Za-z0-9._-]{1,249}$"
-DeadReason = Literal["exhausted", "non_retryable", "malformed", "too_large"]
+# The enum of every dead-reason filter, derived from the reasons the worker writes (never a
+# second list that falls behind, as ``routed`` once did). Type checkers cannot build a Literal
+# from a tuple, so they see ``str``; pydantic and the OpenAPI schema see the enum.
+if TYPE_CHECKING:
+    DeadReason = str
+else:
+    DeadReason = Literal[DEAD_REASONS]
+# What a ``topic`` of the failed-records API may name (retryd.replay.sources).
+SOURCE_TOPIC_FORMS = (
+    "failed_topic (the default) or a dead-letter topic of error_routes (dlt:<topic>); any "
+    "other topic is refused (400)"
+)
 MAX_OFFSET = 2**63 - 1
 MAX_PARTITION = 2**31 - 1
 MAX_MS = 2**53
@@ -214,6 +226,11 @@ class ReplayJobIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     filter: FilterIn = Field(default_factory=FilterIn)
+    topic: str | None = Field(
+        default=None,
+        pattern=TOPIC_PATTERN,
+        description=f"the dead-letter topic to replay from: {SOURCE_TOPIC_FORMS}",
+    )
     target: str | None = Field(
         default=None,
         pattern=TOPIC_PATTERN,
@@ -229,6 +246,7 @@ class ReplayJobOut(BaseModel):
     id: str
     state: Literal["pending", "counting", "running", "completed", "cancelled", "failed"]
     dry_run: bool
+    topic: str = Field(description="the dead-letter topic the job reads")
     filter: dict[str, Any]
     target: str | None
     max_per_second: float

@@ -87,13 +87,16 @@ class Sidecar:
             ceiling=self.ceiling,
         )
         self.jobs = JobManager(self._new_job)
-        self.ledger_tail = LedgerTail(self.common, settings.ledger_topic, settings.failed_topic)
+        dlt_topics = settings.plan.dlt_topics  # error routes' dead-letter topics
+        self.ledger_tail = LedgerTail(
+            self.common, settings.ledger_topic, settings.failed_topic, dlt_topics=dlt_topics
+        )
         self.lag = LagMonitor(
             self.common,
             settings.group_id,
             [*settings.main_topics, *settings.plan.tier_topics],
             interval_s=lag_interval_s or settings.metrics_interval_s,
-            backlog_topics=[settings.failed_topic],
+            backlog_topics=[settings.failed_topic, *dlt_topics],
             also=[self.ledger_tail.tail_once],
         )
         self.collector = SidecarCollector(

@@ -6,7 +6,8 @@ prints what would be replayed as tables. Ctrl-C cancels and waits until every co
 has its ledger entry (bounded by the delivery timeout) before the ledger is closed.
 
 A replay that no filter narrows (every record of failed_topic) asks for confirmation on a
-terminal and is refused without one, unless ``--yes``; ``--dry-run`` never asks.
+terminal and is refused without one, unless ``--yes``; ``--dry-run`` never asks. ``--topic``
+replays from an error route's dead-letter topic (``dlt:<topic>``) instead of failed_topic.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from rich.table import Table
 from retryd.cli.app import BootstrapOption, ConfigOption, app, settings_or_exit
 from retryd.errors import RetrydError, TimeSpecError
 from retryd.policy.timespec import FORMS, parse_instant
+from retryd.replay.records import DEAD_REASONS
 
 DELIVERY_TIMEOUT_S = 30.0  # a copy's (and a ledger record's) delivery report comes within this
 
@@ -32,9 +34,15 @@ DELIVERY_TIMEOUT_S = 30.0  # a copy's (and a ledger record's) delivery report co
 @app.command()
 def replay(
     config: Path | None = ConfigOption,
+    topic: str | None = typer.Option(
+        None,
+        "--topic",
+        help="the dead-letter topic to replay from: failed_topic (default) or a dlt: topic of "
+        "error_routes",
+    ),
     original_topic: str | None = typer.Option(None, help="only records first seen on this topic"),
     error_class: str | None = typer.Option(None, help="only this retryd_error_class"),
-    dead_reason: str | None = typer.Option(None, help="exhausted | non_retryable | malformed"),
+    dead_reason: str | None = typer.Option(None, help=" | ".join(DEAD_REASONS)),
     since: str | None = typer.Option(
         None, "--since", help=f"dead-lettered at or after this time: {FORMS}"
     ),
@@ -44,7 +52,7 @@ def replay(
     since_ms: int | None = typer.Option(None, min=0, hidden=True, help="epoch ms (--since)"),
     until_ms: int | None = typer.Option(None, min=0, hidden=True, help="epoch ms (--until)"),
     key: str | None = typer.Option(None, help="only records with exactly this key (UTF-8)"),
-    partition: int | None = typer.Option(None, min=0, help="only this failed_topic partition"),
+    partition: int | None = typer.Option(None, min=0, help="only this partition of the topic"),
     target: str | None = typer.Option(None, help="target topic (default: each original topic)"),
     rate: float = typer.Option(100.0, min=0.001, help="at most this many replays per second"),
     max_messages: int | None = typer.Option(None, min=1, help="stop after this many replays"),
@@ -65,6 +73,7 @@ def replay(
     from retryd.replay.ledger import ReplayLedger
     from retryd.replay.records import RecordFilter
     from retryd.replay.replayer import TargetPolicy
+    from retryd.replay.sources import source_topic
     from retryd.replay.targets import reserved_topics
 
     settings = settings_or_exit(
@@ -73,16 +82,21 @@ def replay(
         failed_topic=failed_topic,
         main_topics=main_topics,
     )
-    if dead_reason is not None and dead_reason not in ("exhausted", "non_retryable", "malformed"):
-        typer.echo("retryd: --dead-reason must be exhausted, non_retryable or malformed", err=True)
+    if dead_reason is not None and dead_reason not in DEAD_REASONS:
+        typer.echo(f"retryd: --dead-reason must be one of {', '.join(DEAD_REASONS)}", err=True)
         raise typer.Exit(2)
+    try:
+        source = source_topic(settings, topic)
+    except RetrydError as exc:
+        typer.echo(f"retryd: --topic: {exc}", err=True)
+        raise typer.Exit(2) from None
     since_ms, until_ms = _window(since, until, since_ms, until_ms)
     unfiltered = all(
         f is None
         for f in (original_topic, error_class, dead_reason, since_ms, until_ms, key, partition)
     )
     if unfiltered and not dry_run and not yes:
-        _confirm_everything(settings.failed_topic, max_messages)
+        _confirm_everything(source, max_messages)
     console = Console(stderr=True)
     common = dict(settings.kafka_common())
     ledger = ReplayLedger(
@@ -99,6 +113,7 @@ def replay(
                 raise InvalidTarget(f"target topic {target} does not exist")
         ledger.ensure_topic()
         spec = JobSpec(
+            topic=source,
             filter=RecordFilter(
                 original_topic=original_topic,
                 error_class=error_class,
@@ -160,11 +175,11 @@ def _window(
     return since_ms, until_ms
 
 
-def _confirm_everything(failed_topic: str, max_messages: int | None) -> None:
-    """No filter narrows the job: every record of failed_topic would be replayed. Ask on a
-    terminal; refuse (exit 2) without one, since nobody can answer."""
+def _confirm_everything(topic: str, max_messages: int | None) -> None:
+    """No filter narrows the job: every record of the dead-letter topic would be replayed.
+    Ask on a terminal; refuse (exit 2) without one, since nobody can answer."""
     what = f"up to {max_messages}" if max_messages else "every"
-    question = f"No filter given: replay {what} record of {failed_topic} not replayed yet?"
+    question = f"No filter given: replay {what} record of {topic} not replayed yet?"
     if not sys.stdin.isatty():
         typer.echo(
             f"retryd: {question.removesuffix('?')}: refused without a terminal to confirm; "

@@ -13,7 +13,8 @@
   most). Worker processes also report lag from their librdkafka statistics (position based,
   only for partitions they own); those samples are dropped for every partition the sidecar
   measured and kept only for the rest, so each ``{topic, partition}`` appears once.
-- ``retryd_failed_backlog{topic}``: records in ``failed_topic`` (measured with the lag).
+- ``retryd_failed_backlog{topic}``: records in ``failed_topic`` and in each dead-letter topic
+  of the error routes (measured with the lag).
 - ``retryd_workers_alive``: worker processes with a fresh heartbeat that are not stopping.
 - ``retryd_replayed_total{status="replayed", source}``: replays counted from the replay
   ledger (``retryd.metrics.replays``), whoever made them.
@@ -134,7 +135,10 @@ class SidecarCollector(Collector):
         out.append(self._replayed(replayed))
         if self.lag is not None:
             backlog = GaugeMetricFamily(
-                BACKLOG, "Records in failed_topic (measured by the sidecar)", labels=["topic"]
+                BACKLOG,
+                "Records in failed_topic and the error routes' dead-letter topics (measured by "
+                "the sidecar)",
+                labels=["topic"],
             )
             for topic, n in sorted(self.lag.backlog().items()):
                 backlog.add_metric([topic], n)

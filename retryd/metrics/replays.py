@@ -12,8 +12,9 @@ tails the ledger and counts the records written since it started, by source:
 - Every sidecar of a deployment tails the same ledger, so every one of them counts every
   replay. The series is a group-level fact: dashboards take ``max by (group, status, source)``
   over the sidecars before summing (deploy/README.md); one sidecar that stays up is enough.
-- Only records of this deployment's ``failed_topic`` are counted (the ledger key starts with
-  it), so deployments sharing a ledger topic count their own replays.
+- Only records of this deployment's ``failed_topic`` and its error routes' dead-letter topics
+  are counted (the ledger key starts with one of them), so deployments sharing a ledger topic
+  count their own replays.
 - ``skipped`` and ``failed`` leave no ledger record: they are counted where they happen (the
   sidecar's own requests and jobs, ``source="sidecar"``).
 """
@@ -59,11 +60,19 @@ class LedgerTail:
     """
 
     def __init__(
-        self, common: dict[str, str], ledger_topic: str, failed_topic: str, timeout_s: float = 5.0
+        self,
+        common: dict[str, str],
+        ledger_topic: str,
+        failed_topic: str,
+        timeout_s: float = 5.0,
+        *,
+        dlt_topics: tuple[str, ...] | list[str] = (),
     ) -> None:
+        """``dlt_topics``: the error routes' dead-letter topics, replayed from like
+        ``failed_topic``."""
         self.common = common
         self.topic = ledger_topic
-        self.prefix = f"{failed_topic}/".encode()
+        self.prefix = tuple(f"{t}/".encode() for t in (failed_topic, *dlt_topics))
         self.timeout_s = timeout_s
         self._scanner: TopicScanner | None = None
         self._positions: dict[int, int] = {}

@@ -1,4 +1,6 @@
-"""Browse ``failed_topic``: filtered pages with an opaque cursor (next offset per partition)."""
+"""Browse a dead-letter topic (``failed_topic`` unless a request names an error route's
+``dlt:`` topic, see ``sources``): filtered pages with an opaque cursor (next offset per
+partition; a cursor belongs to the topic it was returned for)."""
 
 from __future__ import annotations
 
@@ -41,6 +43,7 @@ def browse(
     timeout_s: float = 10.0,
     time_budget_s: float = 5.0,
     max_page_bytes: int = MAX_PAGE_BYTES,
+    topic: str | None = None,
 ) -> Page:
     """One page of matching records. A page ends when ``limit`` records matched, their
     rendering reached ``max_page_bytes``, every partition reached its current end, or the scan
@@ -49,8 +52,8 @@ def browse(
 
     Each matching record is trimmed to its preview as soon as it is read, so a request holds
     one full record at a time, not ``limit`` of them (8 concurrent pages of 500 records of
-    1 MB were 4 GB)."""
-    scanner = pool.acquire(timeout_s)
+    1 MB were 4 GB). ``topic`` is the one to read (default: the pool's, failed_topic)."""
+    scanner = pool.acquire(timeout_s, topic)
     broken = False
     try:
         parts = scanner.partitions(timeout_s)
@@ -62,7 +65,7 @@ def browse(
             unknown = sorted(set(given) - set(parts))
             if unknown:
                 raise InvalidRequest(
-                    f"cursor names partition {unknown[0]} which {pool.topic} does not have"
+                    f"cursor names partition {unknown[0]} which {scanner.topic} does not have"
                 )
             start.update(given)
         if flt.partition is not None:
@@ -104,16 +107,22 @@ def browse(
 
 
 def read_record(
-    pool: ScannerPool, partition: int, offset: int, timeout_s: float = 10.0
+    pool: ScannerPool,
+    partition: int,
+    offset: int,
+    timeout_s: float = 10.0,
+    topic: str | None = None,
 ) -> FailedRecord:
-    scanner = pool.acquire(timeout_s)
+    """The record at ``partition``/``offset`` of ``topic`` (default: the pool's)."""
+    scanner = pool.acquire(timeout_s, topic)
+    where = scanner.topic
     broken = False
     try:
         parts = scanner.partitions(timeout_s)
         if parts is None:
-            raise RecordNotFound(f"topic {pool.topic} does not exist")
+            raise RecordNotFound(f"topic {where} does not exist")
         if partition not in parts:
-            raise RecordNotFound(f"{pool.topic} has no partition {partition}")
+            raise RecordNotFound(f"{where} has no partition {partition}")
         msg = scanner.read_one(partition, offset, timeout_s)
     except BrokerUnavailable:
         broken = True
@@ -121,5 +130,5 @@ def read_record(
     finally:
         pool.release(scanner, broken=broken)
     if msg is None:
-        raise RecordNotFound(f"no record at {pool.topic}[{partition}]@{offset}")
+        raise RecordNotFound(f"no record at {where}[{partition}]@{offset}")
     return to_record(msg)

@@ -33,6 +33,11 @@ class InvalidRequest(ReplayError):
     """A request is well-formed but makes no sense here (bad cursor, unknown partition…)."""
 
 
+class NotADeadLetterTopic(InvalidRequest):
+    """A request names a topic to read that is neither ``failed_topic`` nor a dead-letter
+    topic of an error route: the sidecar never reads any other topic."""
+
+
 class BrokerUnavailable(ReplayError):
     """Kafka did not answer in time; nothing was changed."""
 

@@ -17,6 +17,9 @@ RATE_WINDOW_S = 5.0
 @dataclass(frozen=True)
 class JobSpec:
     filter: RecordFilter = field(default_factory=RecordFilter)
+    # The dead-letter topic to read (an error route's dlt: topic, checked by
+    # ``retryd.replay.sources``); None: the job's failed_topic.
+    topic: str | None = None
     target: str | None = None
     max_per_second: float = 100.0
     max_messages: int | None = None
@@ -70,8 +73,10 @@ def rate_per_second(
     return (replayed - n0) / elapsed if elapsed > 0 else 0.0
 
 
-def render_snapshot(job_id: str, spec: JobSpec, p: JobProgress, rate: float) -> dict[str, Any]:
-    """Progress as plain data (the API's and the CLI's view)."""
+def render_snapshot(
+    job_id: str, spec: JobSpec, p: JobProgress, rate: float, topic: str | None = None
+) -> dict[str, Any]:
+    """Progress as plain data (the API's and the CLI's view); ``topic`` is the one read."""
     remaining = max(0, p.to_replay - p.replayed - p.failed)
     running = p.state in ("pending", "counting", "running")
     eta = remaining / rate if running and rate > 0 and remaining else None
@@ -81,6 +86,7 @@ def render_snapshot(job_id: str, spec: JobSpec, p: JobProgress, rate: float) -> 
         "id": job_id,
         "state": p.state,
         "dry_run": spec.dry_run,
+        "topic": topic or spec.topic,
         "filter": spec.filter.describe(),
         "target": spec.target,
         "max_per_second": spec.max_per_second,

@@ -1,8 +1,9 @@
 """Bulk replay jobs: a counting pass, then a rate-limited replay pass in a background thread.
 
-The counting pass reads ``failed_topic`` to its current end and fixes the job's *snapshot*
-(end offset per partition): records dead-lettered after the job started are not part of it, so
-a job replays exactly the set it matched. A counting pass that cannot reach that end within
+The counting pass reads ``failed_topic`` (or the error route's dead-letter topic the spec
+names) to its current end and fixes the job's *snapshot* (end offset per partition): records
+dead-lettered after the job started are not part of it, so a job replays exactly the set it
+matched. A counting pass that cannot reach that end within
 ``count_timeout_s`` fails the job before anything is replayed (never a silent partial snapshot).
 Progress (matched, replayed, skipped, failed, rate, ETA, position) is readable at any time;
 ``cancel`` stops it after the records in flight have a definite outcome: every copy acknowledged
@@ -78,7 +79,7 @@ class ReplayJob:
         self.id = job_id or f"job-{uuid.uuid4().hex[:16]}"
         self.spec = spec
         self.common = common
-        self.failed_topic = failed_topic
+        self.failed_topic = spec.topic or failed_topic  # the dead-letter topic it reads
         self.ledger = ledger
         self.policy = policy
         self.by = f"{by}:{spec.actor}@{who()}"
@@ -440,4 +441,4 @@ class ReplayJob:
         """Progress as plain data (the API's and the CLI's view)."""
         rate = self.rate()
         with self._lock:
-            return render_snapshot(self.id, self.spec, self.progress, rate)
+            return render_snapshot(self.id, self.spec, self.progress, rate, self.failed_topic)

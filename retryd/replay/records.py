@@ -10,10 +10,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from retryd.policy import headers as h
+from retryd.policy.oversize import DEAD_TOO_LARGE
 from retryd.replay.errors import InvalidRequest
 
 PREVIEW_DEFAULT = 1024
 PREVIEW_MAX = 1_048_576
+# Every ``retryd_dead_reason`` a failed record can carry: the routing reasons of the envelope
+# (``retryd.policy.headers.DEAD_REASONS``, ``routed`` included) and the oversize fallback.
+# Every filter (API, CLI) is derived from it, so a reason the worker learns is never refused.
+DEAD_REASONS: tuple[str, ...] = (*h.DEAD_REASONS, DEAD_TOO_LARGE)
 
 
 @dataclass(frozen=True, slots=True)

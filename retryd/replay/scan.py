@@ -222,7 +222,11 @@ def _describe_positions(positions: dict[int, int], limit: int = 8) -> str:
 
 
 class ScannerPool:
-    """A few reusable scanners for request handlers (a consumer costs a connection)."""
+    """A few reusable scanners for request handlers (a consumer costs a connection).
+
+    A scanner assigns its partitions explicitly for each scan, so the same consumers serve
+    every topic a request may read (``acquire(topic=...)``, e.g. an error route's dead-letter
+    topic): the pool's size bounds the reads of all of them together."""
 
     def __init__(
         self,
@@ -241,14 +245,17 @@ class ScannerPool:
         self._lock = threading.Lock()
         self._closed = False
 
-    def acquire(self, timeout_s: float = 10.0) -> TopicScanner:
+    def acquire(self, timeout_s: float = 10.0, topic: str | None = None) -> TopicScanner:
+        """A scanner reading ``topic`` (default: the pool's topic)."""
         if not self._sem.acquire(timeout=timeout_s):
             raise BrokerUnavailable("all topic readers are busy; try again shortly")
         with self._lock:
             if self._free:
-                return self._free.pop()
+                scanner = self._free.pop()
+                scanner.topic = topic or self.topic
+                return scanner
         try:
-            return TopicScanner(self.common, self.topic, self.purpose, self.clients)
+            return TopicScanner(self.common, topic or self.topic, self.purpose, self.clients)
         except Exception:
             self._sem.release()
             raise

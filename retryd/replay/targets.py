@@ -19,8 +19,13 @@ from retryd.replay.scan import partitions_of
 
 
 def reserved_topics(settings: Settings) -> dict[str, str]:
-    """retryd's own topics, never a replay target whatever the allow-list says."""
-    reserved = {tier: "a retry tier of this deployment" for tier in settings.plan.tier_topics}
+    """retryd's own topics, never a replay target whatever the allow-list says: a copy in a
+    named dead-letter topic (an error route's ``dlt:<topic>``) would be dead on arrival, like
+    one in ``failed_topic``."""
+    plan = settings.plan
+    reserved = {tier: "a retry tier of this deployment" for tier in plan.tier_topics}
+    for dlt in plan.dlt_topics:
+        reserved[dlt] = "a dead-letter topic of an error route (dlt:)"
     reserved[settings.failed_topic] = "this deployment's failed_topic"
     reserved[settings.ledger_topic] = "the replay ledger"
     return reserved
@@ -30,9 +35,10 @@ class TargetPolicy:
     """Which topics a replay may write to: ``replay_allowlist``, or the main topics if empty.
 
     Never a target, whatever the allow-list says: ``reserved`` topics (retryd's own: the
-    ledger, ``failed_topic``, the tiers; name -> what it is) and Kafka-internal topics (names
-    starting with ``__``). A copy replayed into a tier or into ``failed_topic`` would skip the
-    retry sequence or loop; one in the ledger or ``__consumer_offsets`` corrupts state.
+    ledger, ``failed_topic``, the error routes' dead-letter topics, the tiers; name -> what it
+    is) and Kafka-internal topics (names starting with ``__``). A copy replayed into a tier or
+    into a dead-letter topic would skip the retry sequence or loop; one in the ledger or
+    ``__consumer_offsets`` corrupts state.
 
     Topic existence is looked up once per topic and cached briefly (metadata requests are not
     free, and a bulk job asks for every record).
