@@ -22,8 +22,7 @@ from retryd.api.schemas import CircuitOrderOut, CircuitOut, CircuitProcessOut
 from retryd.config import Settings
 from retryd.errors import RetrydError
 from retryd.policy.circuit import STATE_VALUE, CircuitAction, CircuitState
-from retryd.replay.audit import _fields as audit_fields
-from retryd.replay.audit import audit_log
+from retryd.replay.audit import audit_fields, audit_log
 from retryd.runtime.circuit_control import (
     CircuitCommand,
     command_path,

@@ -19,6 +19,7 @@ has its delay.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable
 
@@ -30,6 +31,29 @@ _RETRY = Outcome.RETRY
 
 def _never(result: HandlerResult) -> bool:
     return False
+
+
+class QuickCounts:
+    """Quick retries made, and records they rescued: written by handler slots (any thread,
+    only on the failure path), taken by the poll thread once per iteration."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._retries = 0
+        self._rescued = 0
+
+    def add(self, retries: int, result: HandlerResult) -> None:
+        with self._lock:
+            self._retries += retries
+            if result.outcome is Outcome.SUCCESS or result.outcome is Outcome.DROP:
+                self._rescued += 1
+
+    def take(self) -> tuple[int, int]:
+        """(retries, rescued) since the last take."""
+        with self._lock:
+            out = (self._retries, self._rescued)
+            self._retries = self._rescued = 0
+            return out
 
 
 def quick_timeout_s(handler_timeout_s: float, quick: int, quick_delay_ms: int) -> float:
@@ -46,8 +70,10 @@ class QuickRetrySync:
         quick: int,
         quick_delay_ms: int,
         terminal: Callable[[HandlerResult], bool] = _never,
+        counts: QuickCounts | None = None,
     ) -> None:
         self.inner = inner
+        self.counts = counts or QuickCounts()
         self.quick = quick
         self.terminal = terminal  # an error route dead-letters this failure: no retry helps
         self.delay_s = quick_delay_ms / 1000.0
@@ -57,11 +83,15 @@ class QuickRetrySync:
         result = self.inner.call(message)
         if message.retry_number:
             return result
+        retries = 0
         for _ in range(self.quick):
             if result.outcome is not _RETRY or self.terminal(result):
                 break
             time.sleep(self.delay_s)  # a handler slot's own thread, never the poll loop
             result = self.inner.call(message)
+            retries += 1
+        if retries:
+            self.counts.add(retries, result)
         return result
 
     def close(self) -> None:
@@ -79,8 +109,10 @@ class QuickRetryAsync:
         quick_delay_ms: int,
         timeout_s: float,
         terminal: Callable[[HandlerResult], bool] = _never,
+        counts: QuickCounts | None = None,
     ) -> None:
         self.inner = inner
+        self.counts = counts or QuickCounts()
         self.quick = quick
         self.terminal = terminal
         self.delay_s = quick_delay_ms / 1000.0
@@ -98,11 +130,15 @@ class QuickRetryAsync:
         if message.retry_number:
             return await self.inner.acall(message)  # the slot's own timeout applies
         result = await self._attempt(message)
+        retries = 0
         for _ in range(self.quick):
             if result.outcome is not _RETRY or self.terminal(result):
                 break
             await asyncio.sleep(self.delay_s)
             result = await self._attempt(message)
+            retries += 1
+        if retries:
+            self.counts.add(retries, result)
         return result
 
     async def aclose(self) -> None:
@@ -115,6 +151,7 @@ def with_quick_retries(
     quick_delay_ms: int,
     timeout_s: float,
     terminal: Callable[[HandlerResult], bool] = _never,
+    counts: QuickCounts | None = None,
 ) -> Handler:
     """``handler`` itself when there are no quick retries, else the matching wrapper.
     ``terminal`` says which retryable failures an error route dead-letters at once (those are
@@ -123,6 +160,6 @@ def with_quick_retries(
         return handler
     if is_async_handler(handler):
         assert isinstance(handler, AsyncHandler)
-        return QuickRetryAsync(handler, quick, quick_delay_ms, timeout_s, terminal)
+        return QuickRetryAsync(handler, quick, quick_delay_ms, timeout_s, terminal, counts)
     assert isinstance(handler, SyncHandler)
-    return QuickRetrySync(handler, quick, quick_delay_ms, terminal)
+    return QuickRetrySync(handler, quick, quick_delay_ms, terminal, counts)

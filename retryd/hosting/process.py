@@ -17,6 +17,7 @@ from __future__ import annotations
 import gc
 import json
 import logging
+import os
 import signal
 import sys
 from types import FrameType
@@ -92,8 +93,24 @@ def run_worker(
     except RetrydError as exc:
         log.error("stopping: %s", exc)
         return EXIT_RUNTIME
+    finally:
+        _live_gauges_gone()
     log.info("worker summary %s", json.dumps(summary.as_dict(), sort_keys=True))
     return EXIT_OK
+
+
+def _live_gauges_gone() -> None:
+    """This process's live gauges (circuit state, in-flight calls, paused partitions) leave
+    the shared metrics dir with it: a stale "open" must not outlive the worker that wrote it
+    (the ``--processes`` supervisor does the same for a child that died)."""
+    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        return
+    try:
+        from prometheus_client import multiprocess
+
+        multiprocess.mark_process_dead(os.getpid())
+    except (ImportError, OSError, ValueError):
+        pass
 
 
 def tune_gc() -> None:

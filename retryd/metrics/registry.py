@@ -66,6 +66,14 @@ CIRCUIT_HELD = Counter(
 CIRCUIT_PROBES = Counter(
     "retryd_circuit_probes", "Probe calls let through while the circuit was open"
 )
+QUICK_RETRIES = Counter(
+    "retryd_quick_retries",
+    "Quick retries in place (quick=<n>@<delay>): handler calls made again on the main topic",
+)
+QUICK_RESCUED = Counter(
+    "retryd_quick_rescued",
+    "Main-topic records that succeeded on a quick retry, so never went to a tier",
+)
 BUILD_INFO = Gauge("retryd_build_info", "retryd version", ["version"], multiprocess_mode="livemax")
 
 

@@ -73,6 +73,10 @@ class PrometheusSink(NullSink):
             if child is None:
                 child = self._skipped[reason] = m.SKIPPED.labels(reason=reason)
             child.inc(n)
+        if stats.quick_retries:
+            m.QUICK_RETRIES.inc(stats.quick_retries)
+        if stats.quick_rescued:
+            m.QUICK_RESCUED.inc(stats.quick_rescued)
         for topic, buckets in stats.durations.items():
             child = self._duration.get(topic)
             if child is None:

@@ -6,6 +6,7 @@
     exp(1s, x2, n=6, jitter=20%)       each due time moved by up to ±20 % of its delay
     5m,30m, jitter=10%                 options after a list too
     exp(1s, n=5, quick=2@100ms)        2 in-place retries 100 ms apart before the first tier
+    fixed(1m, n=3, delay=10s)          the first attempt 10 s after the record was written
 
 A policy only decides *delays*: each distinct delay is one tier topic (named after the nominal
 delay, so jitter never adds topics), and the number of delays is the number of retries before
@@ -18,6 +19,12 @@ Quick retries (``quick=<n>@<delay>``) call the handler again on the main topic, 
 worker, before a copy ever goes to a tier: a blip of a few hundred milliseconds never leaves
 the main partition. The record waits in memory (its partition's offset is not stored
 meanwhile), so both are bounded: at most ``MAX_QUICK`` retries, ``MAX_QUICK_DELAY_MS`` apart.
+
+A delay before the first attempt (``delay=<d>``, at most ``MAX_FIRST_DELAY_MS``) holds each
+main-topic record in its partition's in-memory tail until its timestamp plus ``d`` (bounded by
+when the worker first saw it plus ``d``, like a tier's due time), with the tiers' bounds: a
+partition pauses once ``tier_buffer`` records wait and resumes shortly before a record not yet
+fetched could come due. For a longer wait, route to a tier.
 
 Pure functions only: parsing happens at start-up and every error names the text it refused.
 """
@@ -47,6 +54,7 @@ MAX_RETRIES = 64
 MAX_JITTER = 0.5
 MAX_QUICK = 10
 MAX_QUICK_DELAY_MS = 60_000
+MAX_FIRST_DELAY_MS = 3_600_000  # held in memory on the main partition: an hour at most
 _QUICK_RE = re.compile(r"^(\d{1,2})\s*@\s*(.+)$", re.ASCII)
 
 
@@ -74,6 +82,7 @@ class Backoff:
     jitter: float = 0.0  # fraction of the delay, 0 <= jitter <= MAX_JITTER
     quick: int = 0  # in-place retries on the main topic before the first tier
     quick_delay_ms: int = 0  # between two of them
+    first_delay_ms: int = 0  # before the first attempt of a main-topic record
 
     def due_ms(self, delay_ms: int, now_ms: int, draw: Callable[[], float]) -> int:
         """When a copy routed at ``now_ms`` to the tier of ``delay_ms`` comes due; ``draw``
@@ -180,7 +189,7 @@ def _function(name: str, body: str, text: str) -> tuple[tuple[int, ...], dict[st
             factor = 2.0
         if not 1.0 < factor <= 100.0:
             raise SequenceError(f"invalid factor x{factor:g} in {text!r}: above 1, at most 100")
-    allowed = {"n", "jitter", "quick"} | ({"max"} if name == "exp" else set())
+    allowed = {"n", "jitter", "quick", "delay"} | ({"max"} if name == "exp" else set())
     opts = _options(rest, allowed, text)
     if "n" not in opts:
         raise SequenceError(f"{name}(...) in {text!r} needs n=<retries>, e.g. n=5")
@@ -225,7 +234,7 @@ def parse_backoff(text: str) -> Backoff:
         if "=" in item:
             if not delays:
                 raise SequenceError(f"invalid retry sequence {text!r}: options come after delays")
-            found = _options([item], {"jitter", "quick"}, text)
+            found = _options([item], {"jitter", "quick", "delay"}, text)
             if found.keys() & options.keys():
                 raise SequenceError(f"option {item!r} given twice in {text!r}")
             options.update(found)
@@ -237,4 +246,15 @@ def parse_backoff(text: str) -> Backoff:
         raise SequenceError(f"invalid retry sequence {text!r}: at most {MAX_RETRIES} retries")
     jitter = _jitter(options.pop("jitter"), text) if "jitter" in options else 0.0
     quick, quick_delay = _quick(options.pop("quick"), text) if "quick" in options else (0, 0)
-    return Backoff(tuple(delays), jitter, quick, quick_delay)
+    first = _first_delay(options.pop("delay"), text) if "delay" in options else 0
+    return Backoff(tuple(delays), jitter, quick, quick_delay, first)
+
+
+def _first_delay(value: str, text: str) -> int:
+    delay = parse_delay(value)
+    if delay > MAX_FIRST_DELAY_MS:
+        raise SequenceError(
+            f"invalid delay={value!r} in {text!r}: at most 1h before the first attempt (records "
+            "wait in memory on the main partition; for longer, route to a tier)"
+        )
+    return delay

@@ -188,6 +188,11 @@ def _route(name: str, target: str) -> ErrorRoute:
             "quick= is not allowed in a route: quick retries happen before a failure is "
             "routed (set it in retry_sequence)"
         )
+    if backoff.first_delay_ms:
+        raise fail(
+            "delay= is not allowed in a route: it delays a record's first attempt, before any "
+            "failure (set it in retry_sequence)"
+        )
     status = int(name[5:]) if match is Match.STATUS else 0
     if 400 <= status < 500 and status not in _RETRYABLE_4XX:
         raise fail(

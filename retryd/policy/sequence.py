@@ -88,6 +88,7 @@ class RetryPlan:
     quick_delay_ms: int = 0
     routes: tuple[ErrorRoute, ...] = ()
     default_jitter: float | None = None  # retry_sequence's own jitter; None: ``jitter``
+    first_delay_ms: int = 0  # main-topic records wait this long before their first attempt
 
     @classmethod
     def parse(
@@ -113,6 +114,7 @@ class RetryPlan:
             backoff.quick_delay_ms,
             parsed,
             backoff.jitter,
+            backoff.first_delay_ms,
         )
         for topic in [*plan.tier_topics, failed_topic]:
             validate_topic_name(topic)
@@ -183,7 +185,7 @@ class RetryPlan:
     def backoff(self) -> Backoff:
         """retry_sequence's own delays, jitter and quick retries."""
         jitter = self.jitter if self.default_jitter is None else self.default_jitter
-        return Backoff(self.delays_ms, jitter, self.quick, self.quick_delay_ms)
+        return Backoff(self.delays_ms, jitter, self.quick, self.quick_delay_ms, self.first_delay_ms)
 
     def _tier_jitter(self) -> dict[str, tuple[int, float]]:
         """Per tier topic, its delay and the largest jitter of the sequences that use it."""

@@ -16,7 +16,7 @@ from typing import Any
 audit_log = logging.getLogger("retryd.audit")
 
 
-def _fields(values: dict[str, Any]) -> str:
+def audit_fields(values: dict[str, Any]) -> str:
     return " ".join(f"{k}={_clean(v)}" for k, v in values.items())
 
 
@@ -39,7 +39,7 @@ def replayed(
     """One replayed copy, acknowledged and recorded in the ledger."""
     audit_log.info(
         "replay %s",
-        _fields(
+        audit_fields(
             {
                 "actor": actor,
                 "record": record,
@@ -54,4 +54,4 @@ def replayed(
 
 def job_event(event: str, *, actor: str, job: str, **details: Any) -> None:
     """A bulk job was created, cancelled or finished (``details``: filter, target, counts)."""
-    audit_log.info("job_%s %s", event, _fields({"actor": actor, "job": job, **details}))
+    audit_log.info("job_%s %s", event, audit_fields({"actor": actor, "job": job, **details}))

@@ -24,7 +24,7 @@ from confluent_kafka import KafkaException
 from retryd.config import Role, Settings
 from retryd.errors import KafkaRuntimeError, KafkaSetupError
 from retryd.handlers.base import AsyncHandler, Handler, SyncHandler, is_async_handler
-from retryd.handlers.quick import with_quick_retries
+from retryd.handlers.quick import QuickCounts, quick_timeout_s, with_quick_retries
 from retryd.kafka.clients import new_consumer, new_producer
 from retryd.policy.circuit import Breaker
 from retryd.policy.routing import RoutePlanner
@@ -79,6 +79,7 @@ class WorkerParts:
     settler: Settler
     intake: Intake
     circuit: Circuit
+    quick: QuickCounts
     events: Events
     summary: RunSummary
     faults: Faults
@@ -114,12 +115,16 @@ def build_worker(
     if not topics:
         raise KafkaSetupError("nothing to consume: set main_topics (RETRYD_MAIN_TOPICS)")
     plan = settings.plan
-    revoke_bound_ms = int((2 * settings.handler_timeout_s + REVOKE_FIXED_S) * 1000)
+    # a call's longest run: the handler timeout, or the whole quick-retry sequence's
+    call_s = quick_timeout_s(settings.handler_timeout_s, plan.quick, plan.quick_delay_ms)
+    revoke_bound_ms = int((2 * call_s + REVOKE_FIXED_S) * 1000)
     if revoke_bound_ms > settings.max_poll_interval_ms:
         log.warning(
-            "a revoke may take up to %d ms (2 x handler_timeout_s + %d s) but "
-            "max_poll_interval_ms is %d: a slow revoke can cost this member its membership",
+            "a revoke may take up to %d ms (2 x the longest call, %gs with its quick retries, "
+            "+ %d s) but max_poll_interval_ms is %d: a slow revoke can cost this member its "
+            "membership",
             revoke_bound_ms,
+            call_s,
             REVOKE_FIXED_S,
             settings.max_poll_interval_ms,
         )
@@ -148,13 +153,23 @@ def build_worker(
     else:
         producer = producer_factory(worker_producer_config(settings))
         offsets = StoredOffsets(consumer)
-    book = PartitionBook(consumer, plan.tier_bounds, owned, offsets, plan.tier_floors)
+    floors = plan.tier_floors
+    if plan.first_delay_ms and role is not Role.TIERS:
+        # main-topic records wait in their partition's tail first: bounded like a tier's
+        floors = {**floors, **dict.fromkeys(settings.main_topics, plan.first_delay_ms)}
+    book = PartitionBook(consumer, plan.tier_bounds, owned, offsets, floors)
     scheduler = Scheduler()
     lifecycle = Lifecycle(hooks)
     # quick retries in place: one longer call to the engine (retryd.handlers.quick)
     planner = RoutePlanner(plan, settings.group_id)
+    quick = QuickCounts()
     handler = with_quick_retries(
-        handler, plan.quick, plan.quick_delay_ms, settings.handler_timeout_s, planner.terminal
+        handler,
+        plan.quick,
+        plan.quick_delay_ms,
+        settings.handler_timeout_s,
+        planner.terminal,
+        quick,
     )
     pool = _pool(settings, handler, scheduler, lifecycle, events)
     router = Router(producer, counts)
@@ -186,6 +201,7 @@ def build_worker(
             settler=settler,
             intake=intake,
             circuit=circuit,
+            quick=quick,
             events=events,
             summary=summary,
             faults=faults,

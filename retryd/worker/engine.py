@@ -250,7 +250,7 @@ class Worker:
         if not states:
             return
         lifecycle = self.lifecycle
-        timeout_s = self.settings.handler_timeout_s
+        timeout_s = self.pool.timeout_s  # a call's longest run, quick retries included
         # With the circuit open nothing may start: records held in place go to the next owner.
         closed_circuit = self.circuit.closed
         for st in states:
@@ -342,7 +342,10 @@ class Worker:
         collection yet."""
         settler = self.settler
         self.pool.collect(settler.stats)
+        retries, rescued = self.parts.quick.take()
         stats = settler.take_stats()
+        stats.quick_retries += retries
+        stats.quick_rescued += rescued
         if stats:
             ended = time.monotonic()
             self.events.batch(stats, ended if started is None else started, ended)

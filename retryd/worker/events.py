@@ -82,7 +82,15 @@ class _TopicHistograms:
 class BatchStats(_TopicHistograms):
     """Everything one poll iteration observed."""
 
-    __slots__ = ("answered", "dead", "outcomes", "records", "skipped")
+    __slots__ = (
+        "answered",
+        "dead",
+        "outcomes",
+        "quick_rescued",
+        "quick_retries",
+        "records",
+        "skipped",
+    )
 
     def __init__(self) -> None:
         super().__init__()
@@ -91,9 +99,13 @@ class BatchStats(_TopicHistograms):
         self.dead: Counter[str] = Counter()  # dead-letter reason
         self.skipped: Counter[str] = Counter()  # skip reason
         self.records = 0  # records consumed (for first/last timing)
+        self.quick_retries = 0  # handler calls made again in place (quick=<n>@<delay>)
+        self.quick_rescued = 0  # records a quick retry turned into a success
 
     def __bool__(self) -> bool:
-        return bool(self.records or self.outcomes or self.skipped or self.dead)
+        return bool(
+            self.records or self.outcomes or self.skipped or self.dead or self.quick_retries
+        )
 
 
 class SlotStats(_TopicHistograms):

@@ -57,8 +57,8 @@ def flow_control(
     tails_full = tails >= buffer_bytes
     tails_low = tails <= buffer_bytes // 2
     for st in parts:
-        if st.delay_ms is None:
-            continue
+        if st.floor_ms is None:
+            continue  # a main topic without a delay before the first attempt: no tail
         waiting = len(st.tail)
         # Records not fetched yet come after the newest one in the tail: none can be due before
         # its timestamp plus the tier's shortest (jittered) delay. From shortly before then a

@@ -74,8 +74,9 @@ class Intake:
         self.ordering = ordering
         self.settler = settler
         self.faults = faults
-        self.waiting: set[PartitionState] = set()  # tier partitions with a non-empty tail
+        self.waiting: set[PartitionState] = set()  # partitions with a non-empty tail
         self._new: list[Work] = []
+        self.first_delay_ms = plan.first_delay_ms  # main-topic records wait this long first
 
     # ------------------------------------------------------------------ records in
     def take(self, batch: list[Any], now_ms: int, stats: BatchStats) -> None:
@@ -87,6 +88,7 @@ class Intake:
         ordering = self.ordering
         by_key = ordering is Ordering.KEY
         by_partition = ordering is Ordering.PARTITION
+        first_delay = self.first_delay_ms
         stats.records += len(batch)
         for raw in batch:
             if raw.error() is not None:
@@ -112,6 +114,9 @@ class Intake:
             st.pending_bytes += size
             try:
                 if st.delay_ms is None:
+                    if first_delay:
+                        self._delayed(w, st, by_key, first_delay, now_ms)
+                        continue
                     w.lock = (st, raw.key()) if by_key else (st if by_partition else None)
                     new(w)
                 else:
@@ -139,6 +144,18 @@ class Intake:
         w.msg._env = env
         assert st.delay_ms is not None and env.retry_timestamp is not None
         w.due = effective_due_ms(env.retry_timestamp, raw.timestamp()[1], st.delay_ms, now_ms)
+        self._wait_or_queue(w, st, by_key, now_ms)
+
+    def _delayed(
+        self, w: Work, st: PartitionState, by_key: bool, delay_ms: int, now_ms: int
+    ) -> None:
+        """A main-topic record with a delay before its first attempt: it waits in its
+        partition's tail (like a tier record) until its timestamp plus the delay."""
+        timestamp = _timestamp(w.raw)
+        w.due = effective_due_ms(timestamp + delay_ms, timestamp, delay_ms, now_ms)
+        self._wait_or_queue(w, st, by_key, now_ms)
+
+    def _wait_or_queue(self, w: Work, st: PartitionState, by_key: bool, now_ms: int) -> None:
         if w.due > now_ms or st.tail:
             w.stage = WAITING
             st.tail.append(w)
@@ -147,7 +164,7 @@ class Intake:
                 st.tail_due = w.due
             self.waiting.add(st)
             return
-        self._queue(w, st, raw.key() if by_key else None)
+        self._queue(w, st, w.raw.key() if by_key else None)
 
     def _malformed(self, w: Work, problem: str, now_ms: int) -> None:
         """Dead-letter a record retryd cannot read, keeping whatever of it is readable."""

@@ -62,6 +62,7 @@ def adapter_failure(exc: BaseException) -> HandlerResult:
 
 class Pool(Protocol):
     completions: deque[Work]
+    timeout_s: float  # a call's longest run (the whole quick-retry sequence's, with one)
 
     def wake(self, ready: int) -> None:
         """``ready`` records are ready in the scheduler (called by the poll thread often)."""

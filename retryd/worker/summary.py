@@ -18,6 +18,8 @@ class RunSummary(NullSink):
     skipped: Counter[str] = field(default_factory=Counter)
     rebalances: Counter[str] = field(default_factory=Counter)
     abandoned_calls: int = 0
+    quick_retries: int = 0  # handler calls made again in place
+    quick_rescued: int = 0  # records a quick retry turned into a success
     first_message_at: float | None = None  # monotonic: first batch with records
     last_message_at: float | None = None  # monotonic: end of the last batch with records
 
@@ -30,6 +32,8 @@ class RunSummary(NullSink):
         self.outcomes.update(stats.outcomes)
         self.dead_reasons.update(stats.dead)
         self.skipped.update(stats.skipped)
+        self.quick_retries += stats.quick_retries
+        self.quick_rescued += stats.quick_rescued
 
     def rebalance(self, kind: str, count: int) -> None:
         self.rebalances[kind] += 1
@@ -64,4 +68,6 @@ class RunSummary(NullSink):
             "skipped": dict(self.skipped),
             "rebalances": dict(self.rebalances),
             "abandoned_calls": self.abandoned_calls,
+            "quick_retries": self.quick_retries,
+            "quick_rescued": self.quick_rescued,
         }

@@ -13,98 +13,24 @@ calls spent on the dead service per minute while open, time to resume.
 from __future__ import annotations
 
 import json
-import threading
 import time
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
-import pytest
-from confluent_kafka import Producer
-
-from retryd.runtime.heartbeat import read_heartbeats
+from tests.integration.circuit_support import (
+    LOAD_PER_S,
+    POISON,
+    Load,
+    Service,
+    circuit_of,
+    read_now,
+    service,
+)
 from tests.integration.worker_support import deployment, stop_process
-from tests.support import Record, read_topic, wait_for
+from tests.support import read_topic, wait_for
+
+__all__ = ["service"]  # the fixture
 
 OUTAGE_S = 30.0
-LOAD_PER_S = 40
-KEYS = 100
-POISON = "poison"
-
-
-class Service(BaseHTTPRequestHandler):
-    """Answers 200, 503 to everything while ``down``, and 503 always to the poison key."""
-
-    lock = threading.Lock()
-    down = False
-    calls: list[tuple[float, str, int]] = []  # (time, body, status)
-
-    def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers.get("Content-Length", 0))).decode()
-        status = 503 if Service.down or body.startswith(POISON) else 200
-        with Service.lock:
-            Service.calls.append((time.time(), body, status))
-        self.send_response(status)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-@pytest.fixture
-def service() -> Iterator[str]:
-    Service.down = False
-    Service.calls = []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Service)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/handle"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
-
-
-class Load:
-    """Steady load on the main topic: ``LOAD_PER_S`` records a second over ``KEYS`` keys, one
-    in fifty for the poison key."""
-
-    def __init__(self, bootstrap: str, topic: str) -> None:
-        self.producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5})
-        self.topic = topic
-        self.sent: list[str] = []
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        i = 0
-        start = time.monotonic()
-        while not self.stop.is_set():
-            body = f"{POISON}-{i}" if i % 50 == 25 else f"m-{i}"
-            key = POISON if body.startswith(POISON) else f"k{i % KEYS}"
-            self.producer.produce(self.topic, key=key.encode(), value=body.encode())
-            self.sent.append(body)
-            i += 1
-            self.producer.poll(0)
-            # paced by the clock, not by sleeping out a fixed share
-            self.stop.wait(max(0.0, start + i / LOAD_PER_S - time.monotonic()))
-        assert self.producer.flush(30) == 0
-
-
-def _read(bootstrap: str, topic: str) -> list[Record]:
-    """Everything in ``topic`` now (empty while nothing was written yet)."""
-    try:
-        return read_topic(bootstrap, topic, timeout=5)
-    except AssertionError:  # timed out on a topic with nothing in it yet
-        return []
-
-
-def _circuit(state_dir: Path) -> dict[str, Any]:
-    beats = read_heartbeats(state_dir)
-    return beats[0].circuit if beats and beats[0].circuit else {}
 
 
 def test_a_30s_outage_opens_the_circuit_and_loses_nothing(
@@ -117,20 +43,20 @@ def test_a_30s_outage_opens_the_circuit_and_loses_nothing(
     worker = dep.spawn_worker(tmp_path / "worker.log")
     load = Load(bootstrap, dep.main)
     try:
-        wait_for(lambda: _circuit(state_dir), 60, what="the worker's first heartbeat")
+        wait_for(lambda: circuit_of(state_dir), 60, what="the worker's first heartbeat")
         load.thread.start()
         # warm: the poison key fails its way to failed_topic, the circuit stays closed
         wait_for(
-            lambda: len(_read(bootstrap, dep.failed)) >= 2,
+            lambda: len(read_now(bootstrap, dep.failed)) >= 2,
             60,
             what="poison records dead-lettered before the outage",
         )
-        assert _circuit(state_dir)["transitions"] == {}, "the poison key opened the circuit"
+        assert circuit_of(state_dir)["transitions"] == {}, "the poison key opened the circuit"
 
         Service.down = True
         down_at = time.time()
         opened = wait_for(
-            lambda: (c := _circuit(state_dir)).get("state") == "open" and c,
+            lambda: (c := circuit_of(state_dir)).get("state") == "open" and c,
             30,
             interval=0.05,
             what="the circuit to open",
@@ -140,7 +66,7 @@ def test_a_30s_outage_opens_the_circuit_and_loses_nothing(
         Service.down = False
         up_at = time.time()
         closed = wait_for(
-            lambda: (c := _circuit(state_dir)).get("state") == "closed" and c,
+            lambda: (c := circuit_of(state_dir)).get("state") == "closed" and c,
             90,
             interval=0.1,
             what="the circuit to close after recovery",
@@ -160,7 +86,7 @@ def test_a_30s_outage_opens_the_circuit_and_loses_nothing(
 
         wait_for(handled, 120, interval=0.2, what="every record handled")
         wait_for(
-            lambda: len(_read(bootstrap, dep.failed)) >= len(poison),
+            lambda: len(read_now(bootstrap, dep.failed)) >= len(poison),
             60,
             what="every poison record dead-lettered",
         )

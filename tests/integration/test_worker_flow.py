@@ -106,3 +106,18 @@ def test_an_exponential_policy_with_jitter_walks_its_tiers_never_early(
         for call in calls[1:]:
             assert call["called_ms"] >= call["retry_timestamp"], "processed before it was due"
     assert summary.dead_reasons == {"exhausted": 30}
+
+
+def test_a_delay_before_the_first_attempt_holds_main_records_never_early(
+    bootstrap: str, tmp_path: Path
+) -> None:
+    dep = deployment(bootstrap, tmp_path, sequence="1s, delay=2s", tier_buffer=4)
+    assert dep.settings.plan.tier_topics == [dep.tier("1s")]  # the first delay is not a tier
+    dep.send([{"id": f"d{i}", "mode": "ok"} for i in range(12)])
+
+    dep.run()
+
+    written = {r.offset: r.timestamp for r in read_topic(bootstrap, dep.main, expect=12)}
+    for i in range(12):
+        [call] = calls_for(f"d{i}")
+        assert call["called_ms"] >= written[call["offset"]] + 2000, "called before its delay"

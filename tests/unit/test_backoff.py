@@ -206,3 +206,58 @@ def test_a_jittered_tier_releases_due_records_past_a_later_one_but_keeps_key_ord
         worker.stop()
         thread.join(10)
     assert broker.committed_offset("g", "retry_1s") == 3
+
+
+def test_a_delay_before_the_first_attempt_in_a_policy_and_after_a_list() -> None:
+    assert parse_backoff("fixed(1m, n=3, delay=10s)").first_delay_ms == 10_000
+    assert parse_backoff("5m,30m, delay=500ms, jitter=10%").first_delay_ms == 500
+    assert parse_backoff("5m").first_delay_ms == 0
+    plan = RetryPlan.parse("exp(1s, n=2, delay=2s)", failed_topic="failed")
+    assert plan.first_delay_ms == 2000 and plan.backoff.first_delay_ms == 2000
+    assert plan.tier_topics == ["retry_1s", "retry_2s"]  # the first delay is not a tier
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("5m, delay=2h", "at most 1h before the first attempt"),
+        ("5m, delay=soon", "invalid delay"),
+        ("5m, delay=1s, delay=2s", "given twice"),
+    ],
+)
+def test_invalid_first_delays_are_refused(text: str, message: str) -> None:
+    with pytest.raises(SequenceError, match=message):
+        parse_backoff(text)
+
+
+def test_a_route_cannot_delay_a_first_attempt() -> None:
+    with pytest.raises(SequenceError, match="delay= is not allowed in a route"):
+        RetryPlan.parse(
+            "1m", failed_topic="failed", routes={"TimeoutError": "fixed(1s, n=2, delay=5s)"}
+        )
+
+
+def test_main_topic_records_wait_their_first_delay_in_memory(tmp_path: Path) -> None:
+    broker = StubBroker()
+    calls: dict[int, float] = {}
+    lock = threading.Lock()
+
+    def handler(m: Message) -> None:
+        with lock:
+            calls[m.offset] = time.time() * 1000
+
+    # a small tier_buffer: the main partition's tail pauses and resumes like a tier's
+    worker = make_worker(broker, tmp_path, handler, sequence="1s, delay=300ms", tier_buffer=5)
+    old = int(time.time() * 1000) - 10_000
+    broker.append("orders", b"old", b"v", timestamp=old)  # its delay is over already
+    written = {0: old}
+    for i in range(1, 30):
+        written[i] = broker.append("orders", b"k%d" % (i % 3), b"v").timestamp
+    started = time.time() * 1000
+    worker.run(until_drained=True)
+
+    assert sorted(calls) == list(range(30))
+    assert calls[0] - started < 250  # its delay was over: it ran at once
+    for offset in range(1, 30):
+        assert calls[offset] >= written[offset] + 300, offset  # never early
+    assert broker.committed_offset("g", "orders") == 30

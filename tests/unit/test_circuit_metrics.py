@@ -153,3 +153,16 @@ def test_sidecar_serves_the_worst_live_process_with_the_group(tmp_path: Path) ->
     series = served(tmp_path)
     assert series['retryd_circuit_state{group="g"}'] == 0
     assert series['retryd_circuit_held_total{group="g"}'] == 7
+
+
+def test_sink_counts_quick_retries_and_the_records_they_rescued() -> None:
+    from retryd.worker.events import BatchStats
+
+    sink = PrometheusSink([])
+    before = (value("retryd_quick_retries_total"), value("retryd_quick_rescued_total"))
+    stats = BatchStats()
+    stats.quick_retries, stats.quick_rescued = 7, 3
+    sink.batch(stats, 0.0, 1.0)
+    sink.batch(BatchStats(), 1.0, 2.0)
+    after = (value("retryd_quick_retries_total"), value("retryd_quick_rescued_total"))
+    assert (after[0] - before[0], after[1] - before[1]) == (7, 3)

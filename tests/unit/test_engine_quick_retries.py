@@ -59,6 +59,7 @@ def test_a_blip_shorter_than_the_quick_retries_never_leaves_the_main_topic(
     assert broker.records("retry_1s") == [] and broker.records("failed_topic") == []
     assert broker.committed_offset(GROUP, MAIN) == 20
     assert summary.total("success") == 20
+    assert (summary.quick_retries, summary.quick_rescued) == (40, 20)
     for offset in range(20):  # each retry waited its delay (no sleep in the poll loop)
         times = [at for t, o, _, at in seen.calls if t == MAIN and o == offset]
         assert all(b - a >= 0.045 for a, b in itertools.pairwise(times)), times

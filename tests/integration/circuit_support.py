@@ -1,0 +1,107 @@
+"""A downstream business service that can go down, and steady load on a main topic: what the
+circuit breaker's tests on real Kafka share (tests/integration/test_circuit_outage.py,
+tests/chaos/test_circuit_kills.py)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Producer
+
+from retryd.runtime.heartbeat import read_heartbeats
+from tests.support import Record, read_topic
+
+LOAD_PER_S = 40
+KEYS = 100
+POISON = "poison"
+
+
+class Service(BaseHTTPRequestHandler):
+    """Answers 200, 503 to everything while ``down``, and 503 always to the poison key."""
+
+    lock = threading.Lock()
+    down = False
+    calls: list[tuple[float, str, int]] = []  # (time, body, status)
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0))).decode()
+        status = 503 if Service.down or body.startswith(POISON) else 200
+        with Service.lock:
+            Service.calls.append((time.time(), body, status))
+        self.send_response(status)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def service() -> Iterator[str]:
+    Service.down = False
+    Service.calls = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Service)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/handle"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+class Load:
+    """Steady load on the main topic: ``LOAD_PER_S`` records a second over ``KEYS`` keys, one
+    in fifty for the poison key."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self.producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5})
+        self.topic = topic
+        self.sent: list[str] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        i = 0
+        start = time.monotonic()
+        while not self.stop.is_set():
+            body = f"{POISON}-{i}" if i % 50 == 25 else f"m-{i}"
+            key = POISON if body.startswith(POISON) else f"k{i % KEYS}"
+            self.producer.produce(self.topic, key=key.encode(), value=body.encode())
+            self.sent.append(body)
+            i += 1
+            self.producer.poll(0)
+            # paced by the clock, not by sleeping out a fixed share
+            self.stop.wait(max(0.0, start + i / LOAD_PER_S - time.monotonic()))
+        assert self.producer.flush(30) == 0
+
+
+def read_now(bootstrap: str, topic: str) -> list[Record]:
+    """Everything in ``topic`` now (empty while nothing was written yet)."""
+    try:
+        return read_topic(bootstrap, topic, timeout=5)
+    except AssertionError:  # timed out on a topic with nothing in it yet
+        return []
+
+
+def circuit_of(state_dir: Path) -> dict[str, Any]:
+    """The circuit of the (first) worker process writing heartbeats in ``state_dir``."""
+    beats = read_heartbeats(state_dir)
+    return beats[0].circuit if beats and beats[0].circuit else {}
+
+
+def circuits(state_dir: Path) -> dict[int, dict[str, Any]]:
+    """pid -> circuit of every worker process writing heartbeats in ``state_dir``."""
+    return {b.pid: b.circuit for b in read_heartbeats(state_dir) if b.circuit}
+
+
+def ok_bodies() -> set[str]:
+    with Service.lock:
+        return {body for _, body, status in Service.calls if status == 200}
