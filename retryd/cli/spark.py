@@ -161,6 +161,7 @@ def report(
             kafka_conf=settings.kafka_common(),
             failed_topic=settings.failed_topic,
             tier_topics=tuple(settings.plan.tier_topics),
+            dlt_topics=tuple(settings.plan.dlt_topics),
             out_dir=out,
             top_n=top,
             source=src,

@@ -39,6 +39,7 @@ SCHEMA_DDL = ", ".join(
         "dead_reason STRING",
         "replay_id STRING",
         "replayed_from STRING",
+        "route STRING",
     ]
 )
 
@@ -66,6 +67,9 @@ ARROW_SCHEMA = pa.schema(
         ("dead_reason", pa.string()),
         ("replay_id", pa.string()),
         ("replayed_from", pa.string()),
+        # last, so archives written before it keep their column order (read them with
+        # mergeSchema to see it)
+        ("route", pa.string()),
     ]
 )
 COLUMNS = tuple(ARROW_SCHEMA.names)
@@ -86,6 +90,7 @@ HEADER_COLUMNS: dict[str, tuple[str, str]] = {
     h.DEAD_REASON: ("dead_reason", "str"),
     h.REPLAY_ID: ("replay_id", "str"),
     h.REPLAYED_FROM: ("replayed_from", "str"),
+    h.ROUTE: ("route", "str"),  # the error route a copy is on; null: retry_sequence or none
 }
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1

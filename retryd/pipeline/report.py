@@ -1,11 +1,18 @@
-"""``retryd spark report``: what ended up in ``failed_topic`` and how far messages got.
+"""``retryd spark report``: what ended up in the dead-letter topics and how far messages got.
+
+The dead letters are those of ``failed_topic`` and of the error routes' named dead-letter
+topics (``dlt:<topic>``, dead reason ``routed``): a record an error route sent to its DLT is as
+dead as an exhausted one. A DLT that does not exist yet (nothing was routed there, the topics
+were not created) is skipped, like a missing tier.
 
 Three tables, each written as Parquet and CSV, printed to the terminal and drawn in one PNG:
 
 - ``dead_letters``: count by original topic x error class x dead reason x hour (UTC hour of
   the dead letter's Kafka timestamp);
-- ``funnel``: per tier topic (in sequence order), how many distinct messages reached it and how
-  many of those reached ``failed_topic``; a last row for ``failed_topic`` itself. A message is
+- ``funnel``: per tier topic (retry_sequence's in order, then the tiers only error routes
+  use), how many distinct messages reached it and how many of those reached a dead-letter
+  topic (``reached_failed``: ``failed_topic`` or a route's DLT); then one row per dead-letter
+  topic (``failed_topic``, then each DLT) with the distinct messages in it. A message is
   identified by its ``retryd_original_topic/partition/offset``;
 - ``top_errors``: the most frequent failure modes among dead letters: error class x message
   *fingerprint* (``retryd.policy.fingerprint``: numbers, ids, hex, quoted values replaced), with
@@ -51,6 +58,7 @@ class ReportSpec:
     failed_topic: str
     tier_topics: tuple[str, ...]  # in retry-sequence order
     out_dir: Path
+    dlt_topics: tuple[str, ...] = ()  # the error routes' dead-letter topics (RetryPlan)
     top_n: int = 20
     source: Source | str = Source.PYTHON
     max_records_per_partition: int | None = None
@@ -66,7 +74,11 @@ class ReportResult:
     time_filter: str = "no time filter"  # how --since/--until selected the records
 
 
-def _existing_topics(conf: Mapping[str, str], topics: tuple[str, ...]) -> list[str]:
+def _existing_topics(
+    conf: Mapping[str, str], topics: tuple[str, ...], what: str = "tier topic"
+) -> list[str]:
+    if not topics:
+        return []
     consumer = range_consumer(conf)
     try:
         out = []
@@ -75,7 +87,7 @@ def _existing_topics(conf: Mapping[str, str], topics: tuple[str, ...]) -> list[s
                 list_partitions(consumer, [topic], 30)
                 out.append(topic)
             except Exception as exc:
-                log.warning("tier topic %s skipped in the funnel: %s", topic, exc)
+                log.warning("%s %s skipped in the report: %s", what, topic, exc)
         return out
     finally:
         consumer.close()
@@ -128,8 +140,8 @@ def top_errors(failed: DataFrame, top_n: int) -> DataFrame:
 def build_tables(
     spark: SparkSession, spec: ReportSpec, progress: JobProgress
 ) -> tuple[dict[str, Any], str]:
-    """The three report tables as Spark DataFrames (the failed topic is read once, cached),
-    and how the time window selected the records."""
+    """The three report tables as Spark DataFrames (the dead-letter topics are read once,
+    cached), and how the time window selected the records."""
     from pyspark.sql import functions as F
 
     ident = F.concat_ws(
@@ -140,18 +152,22 @@ def build_tables(
         & F.col("original_partition").isNotNull()
         & F.col("original_offset").isNotNull()
     )
-    with progress.step(f"reading {spec.failed_topic}"):
+    dead_topics = [
+        spec.failed_topic,
+        *_existing_topics(spec.kafka_conf, spec.dlt_topics, "dead-letter topic"),
+    ]
+    with progress.step(f"reading {', '.join(dead_topics)}"):
         time_filter = "no time filter"
         if spec.window.is_open:
-            raw = _read(spark, spec, [spec.failed_topic])
+            raw = _read(spark, spec, dead_topics)
         else:
             raw, plan = read_window(
-                spark, spec.kafka_conf, [spec.failed_topic], spec.window, spec.source,
+                spark, spec.kafka_conf, dead_topics, spec.window, spec.source,
                 spec.max_records_per_partition,
             )  # fmt: skip
             time_filter = f"{spec.window.describe()}: {plan.note}"
         failed = raw.select(
-            "timestamp", "original_topic", "original_partition", "original_offset",
+            "topic", "timestamp", "original_topic", "original_partition", "original_offset",
             "error_class", "error_message", "dead_reason",
         ).cache()  # fmt: skip
         failed.count()
@@ -185,18 +201,27 @@ def build_tables(
         )
     else:
         per_tier = spark.createDataFrame([], "tier string, messages bigint, reached_failed bigint")
-    failed_row = failed_ids.agg(
-        F.lit(len(spec.tier_topics) + 1).alias("stage"),
-        F.lit(spec.failed_topic).alias("tier"),
-        F.count(F.lit(1)).alias("messages"),
-        F.count(F.lit(1)).alias("reached_failed"),
+    # one row per dead-letter topic (a missing DLT included, as 0): its distinct messages
+    per_dead = (
+        failed.where(has_ident)
+        .groupBy(F.col("topic").alias("tier"))
+        .agg(F.countDistinct(ident).alias("messages"))
+        .withColumn("reached_failed", F.col("messages"))
     )
     stages = [(i + 1, topic) for i, topic in enumerate(spec.tier_topics)]
+    dead_stages = [
+        (len(stages) + i + 1, topic)
+        for i, topic in enumerate(dict.fromkeys((spec.failed_topic, *spec.dlt_topics)))
+    ]
     funnel = (
         spark.createDataFrame(stages, "stage int, tier string")
         .join(per_tier, "tier", "left")
+        .unionByName(
+            spark.createDataFrame(dead_stages, "stage int, tier string").join(
+                per_dead, "tier", "left"
+            )
+        )
         .select("stage", "tier", "messages", "reached_failed")
-        .unionByName(failed_row)
         .fillna(0, ["messages", "reached_failed"])
         .orderBy("stage")
     )

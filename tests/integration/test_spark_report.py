@@ -184,3 +184,56 @@ def test_report_exact_counts(spark, bootstrap: str, seeded: dict, tmp_path: Path
         "malformed": {"2023-11-14 22:00": 1},
     }
     assert result.chart_data["funnel"] == {t: (m, r) for _, t, m, r in funnel}
+
+
+def test_report_reads_the_error_routes_dead_letter_topics(
+    spark,  # noqa: F811
+    bootstrap: str,
+    tmp_path: Path,
+) -> None:
+    """Records an error route sent to its DLT are dead letters too: counted by dead reason
+    ``routed``, in the funnel's ``reached_failed`` of the tiers they went through, and in one
+    row per dead-letter topic (a DLT nothing was routed to yet: 0); the ``route`` column is
+    read from ``retryd_route``."""
+    from retryd.pipeline.source import kafka_options, read_kafka
+    from retryd.policy.headers import Envelope, routed_headers
+
+    prefix = unique("rrep")
+    orders, tier, failed = f"{prefix}.orders", f"{prefix}.retry_5m", f"{prefix}.failed"
+    declined, missing = f"{prefix}.declined", f"{prefix}.poison"
+    create_topics(bootstrap, [tier, failed, declined], partitions=1)
+
+    def routed(m: int, retry_number: int) -> list:
+        env = Envelope(orders, 0, m, H0, retry_number, None, H0 + 1, "Declined", "card declined",
+                       "routed", None, "Declined")  # fmt: skip
+        return routed_headers([], env)
+
+    # orders 0-1: one retry, then routed to the DLT; 2-3 routed at once; 4 exhausted
+    produce_at(bootstrap, tier, [(H0, tier_copy(orders, m, 1)) for m in (0, 1, 4)], 1)
+    produce_at(bootstrap, declined, [(H0 + 5, routed(m, 1 if m < 2 else 0)) for m in range(4)], 1)
+    produce_at(bootstrap, failed, [(H0 + 9, dead_letter(orders, 4))], 1)
+    spec = ReportSpec(
+        kafka_conf={"bootstrap.servers": bootstrap},
+        failed_topic=failed,
+        tier_topics=(tier,),
+        dlt_topics=(declined, missing),
+        out_dir=tmp_path / "report",
+    )
+    with JobProgress(spark, Console(file=io.StringIO())) as progress:
+        result = run_report(spark, spec, progress, Console(file=io.StringIO()))
+
+    dead = {
+        (r.original_topic, r.error_class, r.dead_reason): int(r.count)
+        for r in result.tables["dead_letters"].itertuples(index=False)
+    }
+    assert dead == {(orders, "Declined", "routed"): 4, (orders, "ValueError", "exhausted"): 1}
+    assert result.dead_letter_total == 5
+    funnel = [
+        (int(r.stage), r.tier, int(r.messages), int(r.reached_failed))
+        for r in result.tables["funnel"].itertuples(index=False)
+    ]
+    assert funnel == [(1, tier, 3, 3), (2, failed, 1, 1), (3, declined, 4, 4), (4, missing, 0, 0)]
+
+    rows = read_kafka(spark, kafka_options({"bootstrap.servers": bootstrap}, [declined, failed]))
+    routes = {(r["topic"], r["route"]) for r in rows.select("topic", "route").collect()}
+    assert routes == {(declined, "Declined"), (failed, None)}
