@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -203,3 +206,18 @@ def read_topic(
     finally:
         consumer.close()
     return out
+
+
+@contextlib.contextmanager
+def http_service(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """A real HTTP business service on a free loopback port, serving ``handler`` in threads;
+    yields its ``/handle`` URL and stops it (and its thread) on exit."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/handle"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)

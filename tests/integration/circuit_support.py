@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +15,7 @@ import pytest
 from confluent_kafka import Producer
 
 from retryd.runtime.heartbeat import read_heartbeats
-from tests.support import Record, read_topic
+from tests.support import Record, http_service, read_topic
 
 LOAD_PER_S = 40
 KEYS = 100
@@ -46,15 +46,8 @@ class Service(BaseHTTPRequestHandler):
 def service() -> Iterator[str]:
     Service.down = False
     Service.calls = []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Service)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/handle"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
+    with http_service(Service) as url:
+        yield url
 
 
 class Load:

@@ -195,3 +195,16 @@ def pretty(body: Any) -> str:
 
 def elapsed_since(t0: float) -> float:
     return time.monotonic() - t0
+
+
+def replay_cli(env: Env, *args: str) -> subprocess.CompletedProcess[str]:
+    """``retryd replay ...`` against ``env``'s deployment (its first settings), as a user runs
+    it; the output is wide enough for its tables."""
+    return subprocess.run(
+        [sys.executable, "-m", "retryd", "replay", *args],
+        env={**env.env(0), "COLUMNS": "160"},
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )

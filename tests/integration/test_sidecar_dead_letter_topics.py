@@ -5,8 +5,6 @@ no other topic can be named, and the DLT is never a replay target."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 
 import httpx
@@ -15,11 +13,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from retryd.policy.headers import Envelope, routed_headers
 from tests.integration.sidecar_support import (
-    REPO,
     Env,
     SidecarProcess,
     failed_headers,
     pretty,
+    replay_cli,
     seed,
 )
 from tests.integration.sidecar_support import wait_job as wait_done
@@ -194,14 +192,7 @@ def test_backlog_of_each_dead_letter_topic(deployment: Env, sidecar: SidecarProc
 
 def test_replay_cli_reads_a_dlt(deployment: Env) -> None:
     args = ["--topic", dlt(deployment), "--dead-reason", "routed", "--dry-run", "--json"]
-    run = subprocess.run(
-        [sys.executable, "-m", "retryd", "replay", *args],
-        env={**deployment.env(0), "COLUMNS": "160"},
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    run = replay_cli(deployment, *args)
     assert run.returncode == 0, run.stderr
     snap = json.loads(run.stdout)
     assert snap["topic"] == dlt(deployment) and snap["matched"] == N_DLT

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
@@ -18,7 +18,7 @@ from retryd.policy import headers as h
 from retryd.worker.assembly import build_worker
 from tests.integration import route_handlers
 from tests.integration.worker_support import deployment
-from tests.support import Record, create_topics, produce, read_topic, unique
+from tests.support import Record, create_topics, http_service, produce, read_topic, unique
 
 MODULE = "python:tests.integration.route_handlers"
 
@@ -154,15 +154,8 @@ class _Business(BaseHTTPRequestHandler):
 @pytest.fixture
 def business() -> Iterator[str]:
     _Business.seen = []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Business)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/handle"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
+    with http_service(_Business) as url:
+        yield url
 
 
 def test_http_statuses_and_named_classes_take_their_routes(

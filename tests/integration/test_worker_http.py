@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
 
 from retryd.policy import headers as h
 from tests.integration.worker_support import deployment
-from tests.support import produce, read_topic
+from tests.support import http_service, produce, read_topic
 
 
 class _Business(BaseHTTPRequestHandler):
@@ -48,15 +47,8 @@ class _Business(BaseHTTPRequestHandler):
 @pytest.fixture
 def business() -> Iterator[str]:
     _Business.seen = []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Business)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/handle"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
+    with http_service(_Business) as url:
+        yield url
 
 
 def test_worker_routes_by_http_answers(bootstrap: str, tmp_path: Path, business: str) -> None:
