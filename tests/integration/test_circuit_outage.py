@@ -16,12 +16,16 @@ import json
 import time
 from pathlib import Path
 
+from retryd.policy.circuit import CircuitAction
+from retryd.runtime.circuit_control import write_command
 from tests.integration.circuit_support import (
     LOAD_PER_S,
     POISON,
     Load,
     Service,
     circuit_of,
+    circuits,
+    ok_bodies,
     read_now,
     service,
 )
@@ -133,3 +137,53 @@ def test_a_30s_outage_opens_the_circuit_and_loses_nothing(
     # the probe interval doubles from 5 s (+-20 %) up to 60 s: the one pending at recovery
     assert resumed_s <= 60 * 1.2 + 2, report
     assert closed["held"] > 0
+
+
+def test_with_processes_each_child_decides_alone_and_every_child_takes_orders(
+    bootstrap: str, tmp_path: Path, service: str
+) -> None:
+    dep = deployment(
+        bootstrap,
+        tmp_path,
+        sequence="30s",
+        handler=service,
+        partitions=2,
+        # each child gets one main partition (the classic protocol may give one child every
+        # main partition and the other only the tier's: README, "Group protocol")
+        group_protocol="consumer",
+        circuit_breaker=True,
+    )
+    state_dir = dep.settings.state_dir
+    sup = dep.spawn_worker(tmp_path / "worker.log", "--processes", "2")
+    load = Load(bootstrap, dep.main)
+
+    def states() -> list[str]:
+        return sorted(str(c.get("state")) for c in circuits(state_dir).values())
+
+    try:
+        wait_for(lambda: len(circuits(state_dir)) == 2, 60, what="both children's heartbeats")
+        # each child sees the failures of its own main partition (a child owning only tier
+        # partitions would see none, and rightly stay closed)
+        wait_for(
+            lambda: all(dep.owned(pid).get(dep.main) for pid in circuits(state_dir)),
+            60,
+            what="each child to own a main partition",
+        )
+        write_command(state_dir, dep.settings.group_id, CircuitAction.OPEN, "ops")
+        wait_for(lambda: states() == ["open", "open"], 30, what="the order in both children")
+        write_command(state_dir, dep.settings.group_id, CircuitAction.CLOSE, "ops")
+        wait_for(lambda: states() == ["closed", "closed"], 30, what="closed in both")
+
+        load.thread.start()
+        wait_for(lambda: len(ok_bodies()) >= 40, 60, what="both children to handle records")
+        Service.down = True  # each child sees its own partition's failures and opens alone
+        wait_for(lambda: states() == ["open", "open"], 30, interval=0.05, what="both open")
+        Service.down = False
+        wait_for(lambda: states() == ["closed", "closed"], 90, what="both closed again")
+    finally:
+        load.stop.set()
+        assert stop_process(sup) == 0
+    # the copies made while a child was detecting wait 30 s in their tier, longer than it
+    # takes each child to open (each sees half the load, so detects later than one process)
+    failed = [r.value.decode() for r in read_now(bootstrap, dep.failed)]
+    assert all(body.startswith(POISON) for body in failed), failed
