@@ -99,6 +99,9 @@ def replicated_deployment(
         poll_timeout_s=0.2,
         replication_factor=REPLICATION,
         min_insync_replicas=MIN_INSYNC,
+        # the plan fails records on purpose, from many keys: the outage circuit breaker would
+        # hold them (its own chaos scenario is tests/chaos/test_circuit_kills.py)
+        circuit_breaker=False,
         **session,
     )
     _create_main(nodes, main, partitions)
