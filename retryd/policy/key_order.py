@@ -25,9 +25,12 @@ Decisions (``decide``), taken by the worker that holds the record:
   again;
 - a blocking entry older than the cap (``max_blocked_ms``) no longer blocks: the follower runs
   (``RUN_RELEASED``, counted), the blocking record keeps its own retries;
-- with ``on_dead_letter = dead_letter`` a dead-lettered head leaves a ``dead`` entry instead of
-  a tombstone; a follower behind a ``dead`` entry is dead-lettered with reason
-  ``blocked_by_dead_letter``, and the last follower removes the marker.
+- with ``on_dead_letter = dead_letter`` a dead-lettered head that has followers leaves a
+  ``dead`` entry (a marker) instead of a tombstone; a record behind a marker while the chain
+  still has live entries is dead-lettered with reason ``blocked_by_dead_letter``; the last of
+  them removes the marker, and a marker left behind (two followers dead-lettered at once each
+  saw the other) is removed by the next record of the key, which runs: markers alone never
+  block.
 
 Seeing its own entry means seeing every earlier entry of the chain: adds are written only by
 the main partition's owner, in offset order, each acknowledged before the next record of the
@@ -46,7 +49,7 @@ from dataclasses import dataclass
 
 from retryd.errors import HeaderError
 
-PARKED = "retryd_parked"  # header of a parked copy: epoch ms of its first park
+PARKED = "retryd_parked"  # header of a parked copy: epoch ms of its first park (= headers.PARKED)
 DEAD_BLOCKED = "blocked_by_dead_letter"  # followers of a dead-lettered head (by option)
 
 KIND_FAILED = "failed"
@@ -235,15 +238,23 @@ def decide(
         return Verdict.RUN
     blocking = False
     expired = False
+    dead_below = False
+    live = False
     for offset, entry in entries.items():
+        if entry.kind == KIND_DEAD:
+            dead_below = dead_below or offset < origin_offset
+            continue
+        live = True
         if offset >= origin_offset:
             continue
-        if entry.kind == KIND_DEAD:
-            return Verdict.DEAD
         if max_blocked_ms is not None and now_ms - entry.added_ms > max_blocked_ms:
             expired = True
             continue
         blocking = True
+    if dead_below and (is_copy or live):
+        # behind a dead-lettered head while its chain lives: a record that has only dead
+        # markers below it runs (and removes them: ``after_success``/``after_dead_letter``)
+        return Verdict.DEAD
     if blocking:
         return Verdict.PARK
     return Verdict.RUN_RELEASED if expired else Verdict.RUN

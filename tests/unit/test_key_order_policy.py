@@ -127,6 +127,10 @@ def test_followers_of_a_dead_marker_are_dead_lettered() -> None:
     assert decide(chain, 5, NOW, is_copy=True) is Verdict.DEAD
     assert decide(chain, 7, NOW, is_copy=False) is Verdict.DEAD
     assert decide(chain, 2, NOW, is_copy=False) is Verdict.RUN
+    # markers alone never block: the next record runs (and its end removes them)
+    markers = entries((3, ko.KIND_DEAD))
+    assert decide(markers, 7, NOW, is_copy=False) is Verdict.RUN
+    assert ko.after_success({**markers, **entries(7)}, 7) == [3]
 
 
 def test_what_a_dead_letter_writes() -> None:
