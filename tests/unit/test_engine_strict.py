@@ -278,3 +278,63 @@ def test_the_cap_releases_followers_of_a_head_blocked_too_long(
     summary = worker.run(until_drained=True)
     assert log.per_key()[b"k"] == [1]
     assert summary is not None
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_random_failures_and_restarts_keep_every_key_in_order(
+    broker: StubBroker, tmp_path: Path, seed: int
+) -> None:
+    """20 keys x 15 records, 30 % of calls fail (transient), the worker is stopped and a new
+    one started every few hundred milliseconds: per key the first success of each record comes
+    in offset order, and every record succeeds."""
+    import random
+    import time
+
+    rng = random.Random(seed)
+    lock = threading.Lock()
+    firsts: list[tuple[bytes, int]] = []
+    seen: set[int] = set()
+
+    def func(m: Message) -> None:
+        if rng.random() < 0.3:
+            raise RuntimeError("transient")
+        index = int((m.value or b"v-1")[1:])
+        with lock:
+            if index not in seen:
+                seen.add(index)
+                assert m.key is not None
+                firsts.append((m.key, index))
+
+    keys = [b"k%d" % rng.randrange(20) for _ in range(300)]
+    sequence = ",".join(["30ms"] * 12)  # 30 % failures: 12 retries never run out
+    make = lambda first: strict_worker(  # noqa: E731
+        broker, tmp_path, func, sequence=sequence, create_topics=first
+    )
+    worker = make(True)
+    send(broker, keys)
+    for round_ in range(4):
+        if round_:
+            worker = make(False)
+        t = threading.Thread(target=worker.run, daemon=True)
+        t.start()
+        time.sleep(rng.uniform(0.2, 0.5))
+        worker.stop()
+        t.join(20)
+        assert not t.is_alive()
+    make(False).run(until_drained=True)
+    assert len(seen) == len(keys), sorted(set(range(len(keys))) - seen)
+    per_key: dict[bytes, list[int]] = defaultdict(list)
+    for key, index in firsts:
+        per_key[key].append(index)
+    for key, indexes in per_key.items():
+        assert indexes == sorted(indexes), (key, indexes)
+    assert not broker.records("failed_topic")
+    assert state_entries(broker) == {}
+    parked = sum(
+        1
+        for t in broker.logs
+        if t.startswith("retry_")
+        for r in broker.records(t)
+        if h.header_value(r.headers, h.PARKED) is not None
+    )
+    assert parked > 10  # keys did wait behind their chains
