@@ -88,3 +88,26 @@ def test_check_refuses_a_key_state_topic_that_is_not_compacted() -> None:
         assert found.status == "mis-sized"
         assert "expected compact" in found.problems[0]
     assert _inspect(state, 1, {"cleanup.policy": "compact"}).status == "mis-sized"
+
+
+def test_prometheus_sink_counts_key_order_events_and_sets_the_gauges() -> None:
+    from prometheus_client import REGISTRY
+
+    from retryd.metrics.sink import PrometheusSink
+    from retryd.worker.events import BatchStats
+
+    def value(name: str, **labels: str) -> float:
+        return REGISTRY.get_sample_value(name, labels) or 0.0
+
+    sink = PrometheusSink([])
+    before = value("retryd_key_order_total", event="parked")
+    stats = BatchStats()
+    stats.key_order["parked"] += 4
+    stats.key_order["released"] += 1
+    assert stats
+    sink.batch(stats, 0.0, 1.0)
+    assert value("retryd_key_order_total", event="parked") - before == 4
+    sink.key_order(3, 7, 12.5)
+    assert value("retryd_key_order_blocked_keys") == 3
+    assert value("retryd_key_order_chain_entries") == 7
+    assert value("retryd_key_order_oldest_blocked_seconds") == 12.5
