@@ -20,7 +20,8 @@ if TYPE_CHECKING:
 topics_app = typer.Typer(
     help=(
         "Create or check the retry tiers (of retry_sequence and every error route), "
-        "failed_topic, the routes' dead-letter topics and the replay ledger."
+        "failed_topic, the routes' dead-letter topics, the replay ledger and (key_order = strict) "
+        "the key-state topic."
     ),
     no_args_is_help=True,
 )
@@ -55,6 +56,11 @@ MinInsyncOption = typer.Option(
     help="min.insync.replicas of retryd's topics (default: the broker's)",
 )
 TimeoutOption = typer.Option(30.0, "--timeout", help="Seconds to wait for the cluster")
+KeyOrderOption = typer.Option(
+    None,
+    "--key-order",
+    help="'strict': also the compacted key-state topic (key_state_topic) of strict key order",
+)
 
 
 def _settings(
@@ -66,6 +72,7 @@ def _settings(
     replication_factor: int | None,
     min_insync_replicas: int | None,
     error_routes: str | None = None,
+    key_order: str | None = None,
 ) -> Settings:
     return settings_or_exit(
         config,
@@ -76,6 +83,7 @@ def _settings(
         tier_partitions=tier_partitions,
         replication_factor=replication_factor,
         min_insync_replicas=min_insync_replicas,
+        key_order=key_order,
     )
 
 
@@ -127,6 +135,7 @@ def create(
     min_insync_replicas: int | None = MinInsyncOption,
     timeout: float = TimeoutOption,
     error_routes: str | None = RoutesOption,
+    key_order: str | None = KeyOrderOption,
 ) -> None:
     """Create missing topics (idempotent). Exits 1 if an existing topic is mis-sized."""
     from retryd.kafka.topics import create_topics, make_admin
@@ -140,6 +149,7 @@ def create(
         replication_factor,
         min_insync_replicas,
         error_routes,
+        key_order,
     )
     try:
         states = create_topics(settings, make_admin(settings), timeout_s=timeout)
@@ -165,6 +175,7 @@ def check(
     min_insync_replicas: int | None = MinInsyncOption,
     timeout: float = TimeoutOption,
     error_routes: str | None = RoutesOption,
+    key_order: str | None = KeyOrderOption,
 ) -> None:
     """Verify every topic exists with the planned shape. Exits 1 naming each problem."""
     from retryd.kafka.topics import inspect_topics, make_admin
@@ -178,6 +189,7 @@ def check(
         replication_factor,
         min_insync_replicas,
         error_routes,
+        key_order,
     )
     try:
         main_problems, states = inspect_topics(settings, make_admin(settings), timeout_s=timeout)

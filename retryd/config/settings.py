@@ -33,6 +33,7 @@ from pydantic_settings.exceptions import SettingsError
 from retryd.errors import ConfigError, SequenceError
 from retryd.policy.circuit import BreakerPolicy
 from retryd.policy.error_routes import routes_from_value
+from retryd.policy.key_order import KeyOrder, OnDeadLetter
 from retryd.policy.sequence import RetryPlan, validate_topic_name
 
 _SECRET_KEY_RE = re.compile(
@@ -200,6 +201,17 @@ class Settings(BaseSettings):
     # half-open probes: first after circuit_probe_s, then x2 (+-20 % jitter) up to the max
     circuit_probe_s: float = Field(default=5.0, gt=0, le=3600)
     circuit_probe_max_s: float = Field(default=60.0, gt=0, le=86_400)
+    # Strict per-key order through the retry chain (retryd.policy.key_order): while a key has
+    # a record anywhere in the chain, later records of that key wait behind it. The state
+    # lives in key_state_topic (compacted; 'retryd topics create' makes it).
+    key_order: KeyOrder = KeyOrder.NONE
+    key_order_topics: Annotated[list[str], NoDecode] = Field(default_factory=list)  # [] = all
+    key_state_topic: str = "retryd_key_state"
+    key_state_partitions: int | None = Field(default=None, ge=1)  # None: the tiers' count
+    # a key blocked longer than this no longer holds its followers back (0: no cap)
+    key_order_max_blocked_s: float = Field(default=86_400.0, ge=0)
+    key_order_on_dead_letter: OnDeadLetter = OnDeadLetter.RELEASE
+    key_order_max_entries: int = Field(default=1_000_000, ge=1)
     # Exactly-once routing: routed copies and input offsets commit in one Kafka transaction
     exactly_once: bool = False
     transaction_interval_ms: int = Field(default=100, ge=10, le=60_000)
@@ -251,7 +263,12 @@ class Settings(BaseSettings):
         return (init_settings, _EnvSource(settings_cls), _TomlSource(settings_cls))
 
     _split = field_validator(
-        "main_topics", "non_retryable", "replay_allowlist", "api_tokens", mode="before"
+        "main_topics",
+        "key_order_topics",
+        "non_retryable",
+        "replay_allowlist",
+        "api_tokens",
+        mode="before",
     )(_split_list)
 
     @field_validator(
@@ -312,7 +329,7 @@ class Settings(BaseSettings):
         # checked with the plan (_consistent), one line per problem naming its route
         return routes_from_value(value)
 
-    @field_validator("main_topics", "failed_topic", "ledger_topic")
+    @field_validator("main_topics", "failed_topic", "ledger_topic", "key_state_topic")
     @classmethod
     def _topic_names(cls, value: list[str] | str) -> list[str] | str:
         # SequenceError is not a ValueError: re-raise so the line names the field and value.
@@ -367,6 +384,7 @@ class Settings(BaseSettings):
             if topic in self.main_topics or topic == self.ledger_topic:
                 what = "a main topic" if topic in self.main_topics else "the ledger_topic"
                 problems.append(f"error_routes: dlt:{topic} is {what}")
+        problems.extend(self._key_order_problems())
         isr, rf = self.min_insync_replicas, self.replication_factor
         if isr is not None and rf > 0 and isr > rf:
             problems.append(
@@ -389,6 +407,30 @@ class Settings(BaseSettings):
         if problems:
             raise ValueError("; ".join(problems))
         return self
+
+    def _key_order_problems(self) -> list[str]:
+        problems = []
+        unknown = sorted(set(self.key_order_topics) - set(self.main_topics))
+        if unknown:
+            problems.append(f"key_order_topics {', '.join(unknown)} are not main topics")
+        state = self.key_state_topic
+        if state in {*self.main_topics, self.failed_topic, self.ledger_topic}:
+            problems.append(f"key_state_topic {state} is already used for another purpose")
+        if state in {*self.plan_topics_or_empty(), *self.dlt_topics_or_empty()}:
+            problems.append(f"key_state_topic {state} is a tier or dead-letter topic")
+        if self.key_order is KeyOrder.STRICT:
+            if self.ordering is not Ordering.KEY:
+                problems.append("key_order=strict needs ordering=key")
+            if self.exactly_once:
+                problems.append("key_order=strict does not work with exactly_once yet")
+        return problems
+
+    @property
+    def strict_topics(self) -> frozenset[str]:
+        """The main topics whose keys keep their order through the chain."""
+        if self.key_order is not KeyOrder.STRICT:
+            return frozenset()
+        return frozenset(self.key_order_topics or self.main_topics)
 
     @property
     def breaker_policy(self) -> BreakerPolicy:

@@ -26,7 +26,7 @@ from retryd.policy.sequence import format_delay
 
 log = logging.getLogger(__name__)
 
-TopicKind = Literal["tier", "failed", "dlt", "ledger"]
+TopicKind = Literal["tier", "failed", "dlt", "ledger", "key_state"]
 Status = Literal["created", "exists", "missing", "mis-sized", "ok"]
 
 # The ledger is small (one compacted record per replayed failed record) and is read to its
@@ -35,6 +35,10 @@ LEDGER_PARTITIONS = 1
 RETENTION_MS = "retention.ms"
 CLEANUP_POLICY = "cleanup.policy"
 MIN_INSYNC = "min.insync.replicas"
+DELETE_RETENTION = "delete.retention.ms"
+# Tombstones of the key-state topic stay readable this long: a worker that reads the topic
+# recognises a late duplicate copy of a finished chain entry by its tombstone.
+KEY_STATE_DELETE_RETENTION_MS = 7 * 86_400_000
 
 
 @dataclass(frozen=True)
@@ -143,6 +147,16 @@ def _plan(settings: Settings, partitions: int) -> list[TopicSpec]:
         specs.append(TopicSpec(topic, "dlt", partitions, rf, dict(failed_config)))
     ledger_config = {CLEANUP_POLICY: "compact", **durability}
     specs.append(TopicSpec(settings.ledger_topic, "ledger", LEDGER_PARTITIONS, rf, ledger_config))
+    if settings.strict_topics:  # key_order = strict: the chain entries of every blocked key
+        state_config = {
+            CLEANUP_POLICY: "compact",
+            DELETE_RETENTION: str(KEY_STATE_DELETE_RETENTION_MS),
+            **durability,
+        }
+        state_partitions = settings.key_state_partitions or partitions
+        specs.append(
+            TopicSpec(settings.key_state_topic, "key_state", state_partitions, rf, state_config)
+        )
     return specs
 
 
@@ -246,6 +260,11 @@ def _inspect(spec: TopicSpec, partitions: int, config: dict[str, str | None]) ->
         ledger_problem = ledger_policy_problem(spec.name, policy)
         if ledger_problem is not None:
             problems.append(ledger_problem)
+    if spec.kind == "key_state" and policies != {"compact"}:
+        problems.append(
+            f"key-state topic {spec.name} has cleanup.policy={policy or '(not reported)'}, "
+            "expected compact: chain entries would expire and keys would lose their order"
+        )
     isr_problem = _min_insync_problem(spec, config.get(MIN_INSYNC))
     if isr_problem is not None:
         problems.append(isr_problem)

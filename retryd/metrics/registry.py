@@ -74,6 +74,29 @@ QUICK_RESCUED = Counter(
     "retryd_quick_rescued",
     "Main-topic records that succeeded on a quick retry, so never went to a tier",
 )
+# Strict key order (key_order = strict). Every worker process reads the whole key-state
+# topic, so each sees every blocked key: the gauges serve the largest live view (livemax).
+KEY_ORDER = Counter(
+    "retryd_key_order",
+    "Strict key order: records parked behind their key's chain, followers released past the "
+    "cap, duplicate copies of finished chain entries dropped",
+    ["event"],
+)
+KEY_ORDER_BLOCKED_KEYS = Gauge(
+    "retryd_key_order_blocked_keys",
+    "Keys with a record in the retry chain (strict key order)",
+    multiprocess_mode="livemax",
+)
+KEY_ORDER_ENTRIES = Gauge(
+    "retryd_key_order_chain_entries",
+    "Records in the retry chain of a strict key (failed or parked)",
+    multiprocess_mode="livemax",
+)
+KEY_ORDER_OLDEST = Gauge(
+    "retryd_key_order_oldest_blocked_seconds",
+    "Age of the oldest chain entry of a strict key: how long a key has been blocked",
+    multiprocess_mode="livemax",
+)
 BUILD_INFO = Gauge("retryd_build_info", "retryd version", ["version"], multiprocess_mode="livemax")
 
 

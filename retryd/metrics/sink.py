@@ -43,6 +43,7 @@ class PrometheusSink(NullSink):
         self._lateness: dict[str, Any] = {}
         self._dead: dict[str, Any] = {}
         self._skipped: dict[str, Any] = {}
+        self._key_order: dict[str, Any] = {}
         self._abandoned_seen = 0
         m.HANDLER_INFLIGHT.set(0)
         # The circuit's series exist from the start (closed, nothing counted), so a panel or an
@@ -73,6 +74,11 @@ class PrometheusSink(NullSink):
             if child is None:
                 child = self._skipped[reason] = m.SKIPPED.labels(reason=reason)
             child.inc(n)
+        for event, n in stats.key_order.items():
+            child = self._key_order.get(event)
+            if child is None:
+                child = self._key_order[event] = m.KEY_ORDER.labels(event=event)
+            child.inc(n)
         if stats.quick_retries:
             m.QUICK_RETRIES.inc(stats.quick_retries)
         if stats.quick_rescued:
@@ -97,6 +103,11 @@ class PrometheusSink(NullSink):
 
     def inflight(self, calls: int) -> None:
         m.HANDLER_INFLIGHT.set(calls)
+
+    def key_order(self, blocked_keys: int, entries: int, oldest_s: float) -> None:
+        m.KEY_ORDER_BLOCKED_KEYS.set(blocked_keys)
+        m.KEY_ORDER_ENTRIES.set(entries)
+        m.KEY_ORDER_OLDEST.set(oldest_s)
 
     def abandoned(self, total: int) -> None:
         if total > self._abandoned_seen:

@@ -28,6 +28,7 @@ GROUP = "retryd_group"
 ROUTE = "retryd_route"  # the error route a copy is on (retryd.policy.error_routes)
 REPLAY_ID = "retryd_replay_id"
 REPLAYED_FROM = "retryd_replayed_from"
+PARKED = "retryd_parked"  # key_order = strict: a copy parked behind its key's chain
 
 ERROR_MESSAGE_MAX_BYTES = 512
 ERROR_CLASS_MAX_BYTES = 256
@@ -342,7 +343,7 @@ def decode_tier_envelope(headers: Sequence[tuple[str, bytes | None]] | None) -> 
     found = retryd_headers(headers)
     retry_number = _int(found, RETRY_NUMBER, required=True)
     assert retry_number is not None
-    if retry_number < 1:
+    if retry_number < 1 and PARKED not in found:  # a parked record may not have failed yet
         raise HeaderError(f"header {RETRY_NUMBER}={retry_number} must be >= 1 on a tier message")
     topic = _text(found, ORIGINAL_TOPIC, required=True)
     partition = _int(found, ORIGINAL_PARTITION, required=True)

@@ -25,7 +25,7 @@ from retryd.config import Role, Settings
 from retryd.errors import KafkaRuntimeError, KafkaSetupError
 from retryd.handlers.base import AsyncHandler, Handler, SyncHandler, is_async_handler
 from retryd.handlers.quick import QuickCounts, quick_timeout_s, with_quick_retries
-from retryd.kafka.clients import new_consumer, new_producer
+from retryd.kafka.clients import common_config, new_consumer, new_producer, reader_config
 from retryd.policy.circuit import Breaker
 from retryd.policy.routing import RoutePlanner
 from retryd.runtime.circuit_control import CommandReader
@@ -49,6 +49,7 @@ from retryd.worker.pools import LoopPool, Pool, ThreadPool
 from retryd.worker.router import ProducerLike, Router
 from retryd.worker.scheduler import Scheduler
 from retryd.worker.settle import Settler
+from retryd.worker.strict import StrictOrder
 from retryd.worker.summary import RunSummary
 
 log = logging.getLogger(__name__)
@@ -85,6 +86,7 @@ class WorkerParts:
     faults: Faults
     heartbeat: HeartbeatWriter
     drain_grace_s: float
+    strict: StrictOrder | None = None  # key_order = strict
 
 
 def topics_for_role(settings: Settings, role: Role) -> list[str]:
@@ -107,6 +109,7 @@ def build_worker(
     hooks: RaceHooks = NO_HOOKS,
     drain_grace_s: float = 1.0,
     instance: int = 0,
+    reader_factory: ConsumerFactory | None = None,
 ) -> Worker:
     """The worker for ``settings`` and ``handler``, with every part built and connected.
     ``instance`` is the process slot (``--processes``): part of the transactional id."""
@@ -181,10 +184,27 @@ def build_worker(
         events,
         CommandReader(settings.state_dir, settings.group_id),
     )
+    strict = None
+    if settings.strict_topics:
+        reader = (reader_factory or new_consumer)(key_state_reader_config(settings))
+        strict = StrictOrder(settings, plan, reader, counts[settings.key_state_topic])
+        log.info(
+            "strict key order for %s: chain entries in %s (%d partitions)",
+            ", ".join(sorted(settings.strict_topics)),
+            settings.key_state_topic,
+            counts[settings.key_state_topic],
+        )
     settler = Settler(
-        planner, book, router, lifecycle, faults, circuit, exactly_once=settings.exactly_once
+        planner,
+        book,
+        router,
+        lifecycle,
+        faults,
+        circuit,
+        exactly_once=settings.exactly_once,
+        strict=strict,
     )
-    intake = Intake(book, plan, settings.group_id, settings.ordering, settler, faults)
+    intake = Intake(book, plan, settings.group_id, settings.ordering, settler, faults, strict)
     return Worker(
         WorkerParts(
             settings=settings,
@@ -207,7 +227,23 @@ def build_worker(
             faults=faults,
             heartbeat=heartbeat,
             drain_grace_s=drain_grace_s,
+            strict=strict,
         )
+    )
+
+
+def key_state_reader_config(settings: Settings) -> dict[str, Any]:
+    """The key-state view's reader: every state partition by assignment, from the start,
+    committed records only, end-of-partition events (how the view knows it caught up)."""
+    return reader_config(
+        common_config(settings),
+        "key-state",
+        **{
+            "enable.partition.eof": True,
+            "isolation.level": "read_committed",
+            "fetch.wait.max.ms": 10,
+            "enable.auto.commit": False,
+        },
     )
 
 
@@ -234,6 +270,8 @@ def _check_topics(consumer: ConsumerLike, settings: Settings, topics: list[str])
             f"cannot reach the cluster at {settings.bootstrap_servers}: {exc}"
         ) from exc
     needed = [*topics, plan.failed_topic, *plan.tier_topics, *plan.dlt_topics]
+    if settings.strict_topics:
+        needed.append(settings.key_state_topic)
     missing = sorted({t for t in needed if t not in md.topics or md.topics[t].error})
     if missing:
         raise KafkaSetupError(

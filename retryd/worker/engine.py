@@ -86,6 +86,8 @@ class Worker:
         self.intake = parts.intake
         self.circuit = parts.circuit
         self.faults = parts.faults
+        self.strict = parts.strict
+        self._key_gauges_at = 0.0
         self._consumer = parts.consumer
         self.offsets = parts.offsets
         self._exactly_once = parts.offsets.exactly_once
@@ -135,10 +137,13 @@ class Worker:
         settings = self.settings
         batch_size, poll_s = settings.batch_size, settings.poll_timeout_s
         scheduler, faults = self.scheduler, self.faults
+        strict = self.strict
         throttled_since: float | None = None
         while not self._stop.is_set() and not faults:
             started = time.monotonic()
             intake.release_due(_now_ms())
+            if strict is not None:
+                intake.release_strict(_now_ms())
             self._dispatch()
             batch: list[Any] = []
             if (
@@ -169,6 +174,8 @@ class Worker:
         if self.pool.completions or self.router.blocked or self.router.reports:
             return 0.0
         timeout = BUSY_POLL_S if self.pool.running() or self.scheduler.runnable else poll_s
+        if self.strict is not None and self.strict.busy:
+            timeout = BUSY_POLL_S
         due = self.intake.next_due_ms()
         if due is not None:
             timeout = min(timeout, max(0.0, (due - _now_ms()) / 1000))
@@ -230,6 +237,12 @@ class Worker:
         if paused != self._paused_seen:
             self._paused_seen = paused
             self.events.paused(paused)
+        strict = self.strict
+        if strict is not None:
+            now = time.monotonic()
+            if now - self._key_gauges_at >= 1.0:
+                self._key_gauges_at = now
+                self.events.key_order(*strict.gauges(_now_ms()))
 
     # ------------------------------------------------------------------ settling
     def _settle_until(self, done: Callable[[], bool], timeout_s: float) -> bool:
@@ -331,6 +344,8 @@ class Worker:
             log.error("error while closing the consumer: %s", exc)
         finally:
             self.pool.close(1.0)
+            if self.strict is not None:
+                self.strict.close()
             self._flush_stats()
             self._heartbeat.remove()
             self.events.paused({})
@@ -374,7 +389,9 @@ class Worker:
     def _on_assign(self, consumer: Any, partitions: list[TopicPartition]) -> None:
         self._joined = True
         self.events.rebalance("assign", len(partitions))
-        self.book.assign(partitions)
+        states = self.book.assign(partitions)
+        if self.strict is not None:
+            self.strict.assigned(states)
         log.info("assigned %s", _fmt(partitions))
 
     def _on_revoke(self, consumer: Any, partitions: list[TopicPartition]) -> None:

@@ -85,6 +85,7 @@ class BatchStats(_TopicHistograms):
     __slots__ = (
         "answered",
         "dead",
+        "key_order",
         "outcomes",
         "quick_rescued",
         "quick_retries",
@@ -98,13 +99,19 @@ class BatchStats(_TopicHistograms):
         self.outcomes: Counter[tuple[str, str]] = Counter()  # (topic, outcome)
         self.dead: Counter[str] = Counter()  # dead-letter reason
         self.skipped: Counter[str] = Counter()  # skip reason
+        self.key_order: Counter[str] = Counter()  # strict key order: parked, released, ...
         self.records = 0  # records consumed (for first/last timing)
         self.quick_retries = 0  # handler calls made again in place (quick=<n>@<delay>)
         self.quick_rescued = 0  # records a quick retry turned into a success
 
     def __bool__(self) -> bool:
         return bool(
-            self.records or self.outcomes or self.skipped or self.dead or self.quick_retries
+            self.records
+            or self.outcomes
+            or self.skipped
+            or self.dead
+            or self.quick_retries
+            or self.key_order
         )
 
 
@@ -166,6 +173,8 @@ class Sink(Protocol):
 
     def circuit(self, snapshot: CircuitSnapshot) -> None: ...
 
+    def key_order(self, blocked_keys: int, entries: int, oldest_s: float) -> None: ...
+
 
 class NullSink:
     def batch(self, stats: BatchStats, started: float, ended: float) -> None:
@@ -190,6 +199,9 @@ class NullSink:
         pass
 
     def circuit(self, snapshot: CircuitSnapshot) -> None:
+        pass
+
+    def key_order(self, blocked_keys: int, entries: int, oldest_s: float) -> None:
         pass
 
 
@@ -230,3 +242,9 @@ class Events(NullSink):
     def circuit(self, snapshot: CircuitSnapshot) -> None:
         for s in self.sinks:
             s.circuit(snapshot)
+
+    def key_order(self, blocked_keys: int, entries: int, oldest_s: float) -> None:
+        for s in self.sinks:
+            gauge = getattr(s, "key_order", None)  # sinks written before strict order lack it
+            if gauge is not None:
+                gauge(blocked_keys, entries, oldest_s)

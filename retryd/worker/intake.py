@@ -21,14 +21,16 @@ the moment this worker first saw it, never freeze a tier partition.
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import KafkaError
 
 from retryd.config import Ordering
 from retryd.errors import HeaderError, KafkaRuntimeError
 from retryd.policy.headers import decode_tier_envelope
+from retryd.policy.key_order import DEAD_BLOCKED, Verdict
 from retryd.policy.routing import route_malformed
 from retryd.policy.sequence import RetryPlan
 from retryd.worker.book import PartitionBook
@@ -39,6 +41,9 @@ from retryd.worker.partition import NEVER, PartitionState
 from retryd.worker.reading import readable_headers
 from retryd.worker.settle import Settler
 from retryd.worker.work import Work, new_work
+
+if TYPE_CHECKING:
+    from retryd.worker.strict import StrictOrder
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +72,9 @@ class Intake:
         ordering: Ordering,
         settler: Settler,
         faults: Faults,
+        strict: StrictOrder | None = None,
     ) -> None:
+        self.strict = strict  # key_order = strict (retryd.worker.strict)
         self.book = book
         self.plan = plan
         self.group = group
@@ -89,6 +96,7 @@ class Intake:
         by_key = ordering is Ordering.KEY
         by_partition = ordering is Ordering.PARTITION
         first_delay = self.first_delay_ms
+        strict = self.strict
         stats.records += len(batch)
         for raw in batch:
             if raw.error() is not None:
@@ -113,9 +121,16 @@ class Intake:
             st.pending.append(w)
             st.pending_bytes += size
             try:
+                if strict is not None and st.strict:
+                    w.chain = None
+                    w.steps = None
+                    w.hold = False
                 if st.delay_ms is None:
                     if first_delay:
                         self._delayed(w, st, by_key, first_delay, now_ms)
+                        continue
+                    if strict is not None and st.strict:
+                        self._queue(w, st, raw.key())
                         continue
                     w.lock = (st, raw.key()) if by_key else (st if by_partition else None)
                     new(w)
@@ -266,6 +281,8 @@ class Intake:
         return due
 
     def forget(self, st: PartitionState) -> None:
+        if self.strict is not None:
+            self.strict.forget(st)
         st.tail.clear()
         st.tail_bytes = 0
         st.tail_due = NEVER
@@ -293,6 +310,14 @@ class Intake:
 
     # ------------------------------------------------------------------ records out
     def _queue(self, w: Work, st: PartitionState, key: bytes | None) -> None:
+        strict = self.strict
+        if strict is not None and st.strict and key is not None:
+            if not st.is_tier:
+                w.stage = WAITING  # at its key's gate (release_strict decides it)
+                strict.admit(w, st, key)
+                return
+            if not self._strict_copy(w, key):
+                return
         ordering = self.ordering
         if ordering is Ordering.KEY:
             w.lock = (st, key)
@@ -301,6 +326,57 @@ class Intake:
         else:
             w.lock = None
         self._new.append(w)
+
+    # ------------------------------------------------------------------ strict key order
+    def _strict_copy(self, w: Work, key: bytes) -> bool:
+        """A due tier copy under strict order: True when it runs now; otherwise it is parked
+        again, dropped as a duplicate or dead-lettered behind a dead-lettered head."""
+        strict = self.strict
+        assert strict is not None
+        now_ms = int(time.time() * 1000)
+        verdict = strict.decide_copy(w, key, now_ms)
+        if verdict is None or verdict is Verdict.RUN:
+            return True
+        stats = self.settler.stats
+        if verdict is Verdict.RUN_RELEASED:
+            stats.key_order["released"] += 1
+            return True
+        if verdict is Verdict.DUPLICATE:
+            w.stage = SKIPPED
+            stats.key_order["duplicate"] += 1
+            return False
+        w.lock = None
+        w.stage = FAILED
+        dead = DEAD_BLOCKED if verdict is Verdict.DEAD else None
+        self.settler.route(w, strict.park_route(w, now_ms, dead))
+        return False
+
+    def release_strict(self, now_ms: int) -> None:
+        """Read the key-state view, then decide the next record of every main-partition key
+        whose previous record settled (``retryd.worker.strict``): it runs, or is parked
+        behind its key's chain."""
+        strict = self.strict
+        if strict is None:
+            return
+        strict.poll_view()
+        for gk, w in strict.heads():
+            st = gk[0]
+            chain = w.chain
+            if st.closing or chain is None or not strict.ready(st, chain):
+                continue
+            verdict = strict.decide_main(w, now_ms)
+            strict.taken(gk, w)
+            if verdict is Verdict.RUN or verdict is Verdict.RUN_RELEASED:
+                if verdict is Verdict.RUN_RELEASED:
+                    self.settler.stats.key_order["released"] += 1
+                w.stage = QUEUED
+                w.lock = gk
+                self._new.append(w)
+                continue
+            w.lock = None
+            w.stage = FAILED
+            dead = DEAD_BLOCKED if verdict is Verdict.DEAD else None
+            self.settler.route(w, strict.park_route(w, now_ms, dead))
 
     def works(self) -> list[Work]:
         """The records queued since the last call, in consumption order."""

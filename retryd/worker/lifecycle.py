@@ -146,6 +146,8 @@ class Lifecycle:
                 w.result = result
                 outcome = result.outcome
                 stage = SUCCEEDED if outcome is _SUCCESS or outcome is _DROP else FAILED
+                if stage is SUCCEEDED and w.part.strict and w.hold:
+                    stage = FAILED  # strict order: its chain entry is removed before it settles
                 w.stage = stage
                 return stage
             if w.attempt == attempt:  # discarded while running: the call is over

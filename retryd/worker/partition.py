@@ -68,6 +68,7 @@ class PartitionState:
         "run_below",
         "running",
         "stored",
+        "strict",
         "tail",
         "tail_bytes",
         "tail_due",
@@ -102,6 +103,8 @@ class PartitionState:
         self.run_below = 0
         self.released = False  # over: its unsettled records are discarded
         self.lost = False  # taken away without a revoke (no commit possible)
+        # key_order = strict: records here may be in a key's chain (retryd.worker.strict)
+        self.strict = False
 
     def __repr__(self) -> str:
         return f"{self.topic}[{self.partition}]#{self.epoch}"

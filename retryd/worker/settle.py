@@ -26,21 +26,34 @@ import logging
 import time
 from collections import deque
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from confluent_kafka import KafkaError
 
 from retryd.errors import DeliveryError
+from retryd.policy.classify import Outcome
 from retryd.policy.oversize import DEAD_TOO_LARGE, route_too_large
 from retryd.policy.routing import Route, RoutePlanner, route_malformed
 from retryd.worker.book import PartitionBook
 from retryd.worker.circuit import Circuit
 from retryd.worker.events import BatchStats
 from retryd.worker.faults import Faults
-from retryd.worker.lifecycle import ACKED, DISCARDED, FAILED, SKIPPED, SUCCEEDED, Lifecycle
+from retryd.worker.lifecycle import (
+    ACKED,
+    DISCARDED,
+    FAILED,
+    ROUTING,
+    SKIPPED,
+    SUCCEEDED,
+    Lifecycle,
+)
 from retryd.worker.partition import PartitionState
 from retryd.worker.reading import readable_headers
 from retryd.worker.router import Router
 from retryd.worker.work import Work
+
+if TYPE_CHECKING:
+    from retryd.worker.strict import Step, StrictOrder
 
 log = logging.getLogger(__name__)
 
@@ -75,8 +88,10 @@ class Settler:
         circuit: Circuit,
         *,
         exactly_once: bool = False,
+        strict: StrictOrder | None = None,
     ) -> None:
         self.planner = planner
+        self.strict = strict  # key_order = strict (retryd.worker.strict)
         self.circuit = circuit
         self._answered_fed = 0  # stats.answered already told to the circuit
         self.book = book
@@ -108,6 +123,11 @@ class Settler:
             n += 1
             if w.stage is not FAILED:
                 continue  # discarded: its assignment was released
+            if self.strict is not None and w.part.strict and w.hold:
+                outcome = w.result.outcome if w.result is not None else None
+                if outcome is Outcome.SUCCESS or outcome is Outcome.DROP:
+                    self._strict_success(w)  # its chain entry goes before it settles
+                    continue
             route = self._plan(w, now_ms)
             if circuit.hold(w, now_ms, route.dead_reason):
                 continue  # an outage: the record stays in place and runs again
@@ -185,11 +205,49 @@ class Settler:
         discarded)."""
         if not self.lifecycle.route(w):
             return False
+        strict = self.strict
+        if strict is not None and w.part.strict and w.chain is not None:
+            w.route = route  # what the record's settling counts
+            w.steps = strict.steps_for(w, route, int(time.time() * 1000))
+            return self._step(w)
         if self._oversize:
             seen = self._oversize.get((w.msg.topic, w.msg.partition, w.offset))
             if seen is not None and route.dead_reason != DEAD_TOO_LARGE:
                 return self._send_too_large(w, route, *seen)
         return self._produce(w, route)
+
+    # ------------------------------------------------------------------ strict order
+    def _strict_success(self, w: Work) -> None:
+        """A held success (key_order = strict): remove its chain entry, then settle."""
+        assert self.strict is not None
+        if not self.lifecycle.route(w):
+            return
+        w.route = None
+        w.steps = self.strict.success_steps(w)
+        self._step(w)
+
+    def _step(self, w: Work) -> bool:
+        """Send ``w``'s next write (``w.steps[0]``, removed once acknowledged)."""
+        steps = w.steps
+        assert steps
+        step: Step = steps[0]
+        if step.copy:
+            return self._produce(w, step.route)
+        return self.router.send(step.route, step.key, step.value, step.partition, w)
+
+    def _count_strict(self, w: Work) -> None:
+        stats = self.stats
+        route = w.route
+        result = w.result
+        topic = w.msg.topic
+        if route is None:  # a held success
+            dropped = result is not None and result.outcome is Outcome.DROP
+            stats.outcomes[(topic, "dropped" if dropped else "success")] += 1
+        elif result is None and not route.is_dead:
+            stats.key_order["parked"] += 1
+        else:
+            self._count(stats, w, route)
+        w.route = None
 
     def _produce(self, w: Work, route: Route) -> bool:
         raw = w.raw
@@ -222,6 +280,19 @@ class Settler:
         target = self.book.parts.get((route.topic, partition))
         if target is not None and offset + 1 > target.known_end:
             target.known_end = offset + 1
+        strict = self.strict
+        if strict is not None and w.part.strict and w.steps:
+            strict.acked(route, partition, offset)
+            if w.stage is not ROUTING:
+                return  # discarded meanwhile: its next owner redoes it
+            w.steps.pop(0)
+            if w.steps:
+                self._step(w)
+                return
+            w.steps = None
+            if self.lifecycle.acked(w):
+                self._count_strict(w)
+            return
         if not self.lifecycle.acked(w):
             return  # discarded while its copy was in flight, or settled when sent (exactly-once)
         self._count(self.stats, w, route)  # the current iteration's, not the send time's
@@ -258,7 +329,11 @@ class Settler:
                     del memo[next(iter(memo))]
                 memo[(w.msg.topic, w.msg.partition, w.offset)] = (size, err.str())
             return
-        if too_large:
+        strict_step = self.strict is not None and w.part.strict and bool(w.steps)
+        if too_large and not (strict_step and route.topic == self.strict.state_topic):  # type: ignore[union-attr]
+            if strict_step:  # the dead letter that replaces the copy ends the chain entry
+                assert self.strict is not None and w.steps is not None
+                w.steps[1:] = self.strict.success_steps(w)
             self._send_too_large(w, route, size, err.str())
             return
         if err.code() in TRANSIENT_CODES and not err.fatal():
@@ -270,7 +345,10 @@ class Settler:
                 route.topic,
                 err.str(),
             )
-            self._produce(w, route)
+            if strict_step:
+                self._step(w)  # the same write again
+            else:
+                self._produce(w, route)
             return
         hint = ""
         if err.code() in TOO_LARGE_CODES:

@@ -20,6 +20,8 @@ class RunSummary(NullSink):
     abandoned_calls: int = 0
     quick_retries: int = 0  # handler calls made again in place
     quick_rescued: int = 0  # records a quick retry turned into a success
+    key_order_events: Counter[str] = field(default_factory=Counter)  # parked, released, ...
+    blocked_keys: int = 0  # strict order: keys with a chain, at the last look
     first_message_at: float | None = None  # monotonic: first batch with records
     last_message_at: float | None = None  # monotonic: end of the last batch with records
 
@@ -34,12 +36,16 @@ class RunSummary(NullSink):
         self.skipped.update(stats.skipped)
         self.quick_retries += stats.quick_retries
         self.quick_rescued += stats.quick_rescued
+        self.key_order_events.update(stats.key_order)
 
     def rebalance(self, kind: str, count: int) -> None:
         self.rebalances[kind] += 1
 
     def abandoned(self, total: int) -> None:
         self.abandoned_calls = total
+
+    def key_order(self, blocked_keys: int, entries: int, oldest_s: float) -> None:
+        self.blocked_keys = blocked_keys
 
     # -- reading
     @property

@@ -200,7 +200,9 @@ class ThreadPool:
                             self._late_return(w)
                             return
                         # else discarded: its assignment was released while it ran
-                    elif result is success and not w.due:  # the common case, inlined
+                    elif (
+                        result is success and stage is SUCCEEDED and not w.due
+                    ):  # the common case, inlined
                         topic = w.msg.topic
                         durations = stats.durations.get(topic) or stats.duration(topic)
                         durations.observe(seconds)

@@ -24,7 +24,9 @@ if TYPE_CHECKING:
 class Work:
     __slots__ = (
         "attempt",
+        "chain",
         "due",
+        "hold",
         "lock",
         "msg",
         "next",
@@ -36,6 +38,7 @@ class Work:
         "seconds",
         "size",
         "stage",
+        "steps",
     )
 
     msg: Message  # what the handler sees
@@ -51,6 +54,10 @@ class Work:
     result: HandlerResult | None
     route: Route | None  # exactly-once: the copy planned, sent once every lower offset settled
     seconds: float  # handler call duration
+    # key_order = strict (set on the records of strict partitions only, by the intake):
+    chain: bytes | None  # the key's chain id (None: the record keeps no order through retries)
+    steps: list[Any] | None  # writes still to make before the record settles (in order)
+    hold: bool  # a success settles through the poll thread (its chain entry is removed first)
 
     @property
     def topic(self) -> str:
