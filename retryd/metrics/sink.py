@@ -49,6 +49,11 @@ class PrometheusSink(NullSink):
         # The circuit's series exist from the start (closed, nothing counted), so a panel or an
         # alert sees 0 rather than no data, and increase() counts the first transition.
         m.CIRCUIT_STATE.set(STATE_VALUE[CircuitState.CLOSED])
+        # Strict key order's series too: nothing blocked, nothing parked (without strict order
+        # they stay 0)
+        self.key_order(0, 0, 0.0)
+        for event in ("parked", "released", "duplicate"):
+            self._key_order[event] = m.KEY_ORDER.labels(event=event)
         self._transitions = {
             s.value: m.CIRCUIT_TRANSITIONS.labels(to=s.value) for s in CircuitState
         }

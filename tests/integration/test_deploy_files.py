@@ -60,6 +60,12 @@ ADDED_METRICS = {
     "retryd_circuit_transitions_total": "counter",
     "retryd_circuit_held_total": "counter",
     "retryd_circuit_probes_total": "counter",
+    "retryd_quick_retries_total": "counter",
+    "retryd_quick_rescued_total": "counter",
+    "retryd_key_order_total": "counter",
+    "retryd_key_order_blocked_keys": "gauge",
+    "retryd_key_order_chain_entries": "gauge",
+    "retryd_key_order_oldest_blocked_seconds": "gauge",
 }
 ALL_METRICS = {**SPEC_METRICS, **SIDECAR_METRICS, **ADDED_METRICS}
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
