@@ -111,50 +111,67 @@ class CircuitSnapshot:
 
 class Window:
     """Retryable failures (with their keys) and answered calls over the last ``calls`` calls
-    of the last ``span_ms``. Answers arrive as counts, failures one by one."""
+    of the last ``span_ms``.
+
+    Calls arrive per observation (one poll iteration: a count of answers, then the failures
+    one by one, all at one time) and the order of answers and failures inside one is unknown.
+    So the window keeps observations, never cuts the current one (it may briefly hold more
+    calls), and cuts an older one in proportion: a burst of failures settled after the answers
+    around them must not look like "the newest calls all failed"."""
 
     def __init__(self, calls: int, span_ms: int) -> None:
         self.max_calls = calls
         self.span_ms = span_ms
-        # (time ms, answered count, failing key or None for an answers entry)
-        self._entries: deque[list[object]] = deque()
+        # [time ms, answered count, failing keys] per observation, oldest first
+        self._entries: deque[tuple[int, list[int], deque[Hashable]]] = deque()
         self.calls = 0
         self.failures = 0
         self.keys: Counter[Hashable] = Counter()
 
     def add(self, now_ms: int, answered: int, failed_keys: Iterable[Hashable]) -> None:
-        if answered:
-            self._entries.append([now_ms, answered, None])
-            self.calls += answered
+        entries = self._entries
+        if not entries or entries[-1][0] != now_ms:
+            entries.append((now_ms, [0], deque()))
+        _, ok, keys = entries[-1]
+        ok[0] += answered
+        self.calls += answered
         for key in failed_keys:
-            self._entries.append([now_ms, 1, key])
+            keys.append(key)
             self.calls += 1
             self.failures += 1
             self.keys[key] += 1
         self._trim(now_ms)
 
+    def _drop_keys(self, keys: deque[Hashable], n: int) -> None:
+        for _ in range(n):
+            key = keys.popleft()
+            self.calls -= 1
+            self.failures -= 1
+            left = self.keys[key] - 1
+            if left:
+                self.keys[key] = left
+            else:
+                del self.keys[key]
+
     def _trim(self, now_ms: int) -> None:
         entries = self._entries
         horizon = now_ms - self.span_ms
-        while entries and (self.calls > self.max_calls or entries[0][0] < horizon):  # type: ignore[operator]
-            first = entries[0]
-            key = first[2]
-            if key is None:
-                excess = self.calls - self.max_calls
-                n: int = first[1]  # type: ignore[assignment]
-                if first[0] >= horizon and 0 < excess < n:  # type: ignore[operator]
-                    first[1] = n - excess  # keep the newest answers of this entry
-                    self.calls -= excess
-                    return
-                self.calls -= n
-            else:
-                self.calls -= 1
-                self.failures -= 1
-                left = self.keys[key] - 1
-                if left:
-                    self.keys[key] = left
-                else:
-                    del self.keys[key]
+        while entries:
+            t, ok, keys = entries[0]
+            if t >= now_ms:
+                break  # the current observation stays whole
+            size = ok[0] + len(keys)
+            excess = self.calls - self.max_calls
+            if t >= horizon and excess < size:
+                if excess > 0:  # cut this observation in proportion
+                    cut_failures = min(len(keys), round(excess * len(keys) / size))
+                    self._drop_keys(keys, cut_failures)
+                    cut_ok = min(ok[0], excess - cut_failures)
+                    ok[0] -= cut_ok
+                    self.calls -= cut_ok
+                return
+            self.calls -= ok[0]
+            self._drop_keys(keys, len(keys))
             entries.popleft()
 
     def clear(self) -> None:

@@ -183,6 +183,7 @@ def build_worker(
         lifecycle,
         events,
         CommandReader(settings.state_dir, settings.group_id),
+        count_tiers=role is Role.TIERS,
     )
     strict = None
     if settings.strict_topics:

@@ -55,8 +55,15 @@ class Circuit:
         lifecycle: Lifecycle,
         events: Sink,
         orders: CommandReader | None,
+        *,
+        count_tiers: bool = False,
     ) -> None:
         self.breaker = breaker
+        # Which failures count in the window: a main-topic record's (its first attempt). A
+        # tier record failed before, so its failing again says little about the service (a
+        # handler failing the first n attempts of some records fails most tier calls while
+        # healthy); a worker consuming only tiers (role tiers) has nothing else to count.
+        self.count_tiers = count_tiers
         self.scheduler = scheduler
         self.book = book
         self.lifecycle = lifecycle
@@ -99,7 +106,8 @@ class Circuit:
         error = f"{result.error_class} at {w.where}"
         probe = False
         if b.state is CLOSED:
-            b.observe(now_ms, 0, [(failure_key(w), error)])
+            if w.env is None or self.count_tiers:
+                b.observe(now_ms, 0, [(failure_key(w), error)])
         elif w is self.scheduler.probe and b.state is HALF_OPEN:
             probe = True
             b.probe_failed(now_ms, error)

@@ -191,8 +191,13 @@ class Worker:
         settler, pool = self.settler, self.pool
         settler.poll()
         pool.watchdog()
-        pool.collect(settler.stats)  # calls answered reach the circuit breaker before failures
-        settler.settle(pool.completions)
+        # The failures to settle are counted before the slots' counters are read: a slot counts
+        # a call before it hands a failure over, so every answer that came before one of these
+        # failures is in the counters too (the circuit breaker's window sees answers and
+        # failures in step, never a burst of failures ahead of the answers around them).
+        failed = len(pool.completions)
+        pool.collect(settler.stats)
+        settler.settle(pool.completions, failed)
         if self._exactly_once:
             settler.route_frontier(self.book.parts.values())
         settler.poll()

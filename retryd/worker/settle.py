@@ -104,13 +104,16 @@ class Settler:
         self._oversize: dict[tuple[str, int, int], tuple[int, str]] = {}
         self.resent = 0  # copies sent again after a transient refusal
 
-    def settle(self, completions: deque[Work]) -> int:
-        """Route every finished call that failed (successes settle on their slot), unless the
-        circuit breaker holds it in place; returns how many. The calls answered since the last
-        look (collected into ``stats`` first) reach the breaker before the failures."""
+    def settle(self, completions: deque[Work], limit: int | None = None) -> int:
+        """Route every finished call that failed (successes settle on their slot), at most
+        ``limit`` of them, unless the circuit breaker holds it in place; returns how many. The
+        calls answered since the last look (collected into ``stats`` first) reach the breaker
+        before the failures."""
         answered = self.stats.answered - self._answered_fed
         if not completions and not answered:
             return 0
+        if limit is None:
+            limit = len(completions)
         now_ms = int(time.time() * 1000)
         circuit = self.circuit
         if answered:
@@ -118,7 +121,7 @@ class Settler:
             circuit.answered(answered, now_ms)
         n = 0
         popleft = completions.popleft
-        while completions:
+        while completions and n < limit:
             w = popleft()
             n += 1
             if w.stage is not FAILED:
@@ -381,9 +384,9 @@ class Settler:
 
     def take_stats(self) -> BatchStats:
         """This iteration's observations; a fresh accumulator starts."""
+        # Answers collected after this iteration's settling reach the circuit breaker with the
+        # next one, together with the failures that came before them (never ahead of those).
         rest = self.stats.answered - self._answered_fed
-        if rest:  # collected after this iteration's settling
-            self.circuit.answered(rest, int(time.time() * 1000))
         stats, self.stats = self.stats, BatchStats()
-        self._answered_fed = 0
+        self._answered_fed = -rest
         return stats

@@ -167,3 +167,15 @@ def test_settings_validate_the_combination() -> None:
 
     with pytest.raises(ConfigError, match="could never open"):
         load_settings(None, main_topics=["orders"], circuit_min_failures=500)
+
+
+def test_a_burst_of_failures_settled_after_its_answers_is_cut_in_proportion() -> None:
+    # one poll iteration: 200 answers, then 96 failures (32 %); the next one: 32 answers. The
+    # older observation is cut in proportion, not answers first, so the ratio stays ~32 %.
+    w = Window(100, 60_000)
+    w.add(0, 200, [])
+    w.add(0, 0, range(96))
+    assert (w.calls, w.failures) == (296, 96)  # the current observation is never cut
+    w.add(1, 32, [])
+    assert w.calls == 100
+    assert 0.2 < w.failures / w.calls < 0.3

@@ -223,3 +223,22 @@ def test_a_poison_record_failing_the_probe_does_not_keep_the_circuit_open(
     assert snap.probes <= 3  # the poison probe failed once; another record's probe closed it
     assert [r.key for r in broker.records("failed_topic")] == [b"poison"]
     assert set(service.ok) == set(range(1, 101))
+
+
+def test_tier_records_failing_again_do_not_open_the_circuit(tmp_path: Path) -> None:
+    # every record fails its first two attempts (a business rule, not an outage): the main
+    # topic fails 100 % of first attempts only for some records, the tiers fail a lot
+    broker = StubBroker()
+
+    def handler(m: Message) -> None:
+        key = int(m.key or b"0")
+        if key % 3 == 0 and m.retry_number < 2:
+            raise ConnectionError("not yet")
+
+    worker = make_worker(broker, tmp_path, handler, sequence="20ms,20ms,20ms", circuit_breaker=True)
+    send(broker, 300, keys=60)
+    worker.run(until_drained=True)
+
+    assert worker.circuit.breaker.snapshot().transitions == {}
+    assert broker.records("failed_topic") == []
+    assert broker.committed_offset(GROUP, MAIN) == 300
