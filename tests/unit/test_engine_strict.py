@@ -115,14 +115,19 @@ def state_entries(broker: StubBroker) -> dict[bytes, bytes | None]:
     return {k: v for k, v in out.items() if v is not None}
 
 
+@pytest.mark.parametrize("kind", ["def", "async def"])  # thread slots; event-loop slots (HTTP too)
 def test_later_records_of_a_key_wait_behind_a_failing_one_across_tiers(
-    broker: StubBroker, tmp_path: Path
+    broker: StubBroker, tmp_path: Path, kind: str
 ) -> None:
     keys = [b"a", b"b", b"a", b"a", b"b", b"c", b"a", b"b"]
     # record 0 (key a) fails three times: it crosses every tier before it succeeds; record 1
     # (key b) fails once; the others never fail but must wait behind their key's chain
     log = Log({0: 3, 1: 1})
-    worker = strict_worker(broker, tmp_path, log)
+
+    async def async_log(m: Message) -> None:
+        log(m)
+
+    worker = strict_worker(broker, tmp_path, log if kind == "def" else async_log)
     send(broker, keys)
     summary = worker.run(until_drained=True)
     per_key = log.per_key()
@@ -338,3 +343,31 @@ def test_random_failures_and_restarts_keep_every_key_in_order(
         if h.header_value(r.headers, h.PARKED) is not None
     )
     assert parked > 10  # keys did wait behind their chains
+
+
+def test_a_replayed_dead_letter_reenters_behind_the_live_chain_of_its_key(
+    broker: StubBroker, tmp_path: Path
+) -> None:
+    """Record 0 of key a is dead-lettered (exhausted); record 1 of key a then fails into the
+    chain; the dead letter, replayed onto the main topic the way the sidecar and the CLI do it
+    (``replay_copy_kwargs``), waits behind record 1's chain: key a succeeds 1, then 0."""
+    from retryd.replay.copies import replay_copy_kwargs
+    from retryd.replay.records import FailedRecord
+    from tests.support import wait_for
+
+    log = Log({0: 5, 1: 3})  # 0: the first call and 4 retries fail (exhausted)
+    worker = strict_worker(broker, tmp_path, log, sequence="300ms,300ms,300ms,300ms")
+    send(broker, [b"a", b"a"])
+    thread = threading.Thread(target=worker.run, kwargs={"until_drained": True}, daemon=True)
+    thread.start()
+    [dead] = wait_for(lambda: broker.records("failed_topic"), 30, what="record 0 dead-lettered")
+    rec = FailedRecord(
+        dead.topic, dead.partition, dead.offset, dead.timestamp, dead.key, dead.value, dead.headers
+    )
+    wait_for(lambda: log.calls[1] >= 1, 10, what="record 1's first (failing) call")
+    kwargs = replay_copy_kwargs(rec, MAIN, 2, "r-1")
+    broker.append(MAIN, kwargs["key"], kwargs["value"], kwargs["headers"], kwargs.get("partition"))
+    thread.join(60)
+    assert not thread.is_alive()
+    assert log.per_key()[b"a"] == [1, 0]  # the replay ran after the chain it met
+    assert state_entries(broker) == {}
