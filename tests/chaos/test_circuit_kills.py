@@ -32,8 +32,10 @@ BREAKER = {"RETRYD_CIRCUIT_PROBE_S": "1", "RETRYD_CIRCUIT_PROBE_MAX_S": "2"}
 def test_sigkill_workers_while_the_circuit_is_open_and_closing(
     bootstrap: str, tmp_path: Path, service: str
 ) -> None:
+    # tier delays longer than detection takes (a restarted worker detects the outage anew):
+    # a copy made while detecting is held when it comes due, never dead-lettered
     dep = deployment(
-        bootstrap, tmp_path, sequence="1s,1s", handler=service, partitions=4, circuit_breaker=True
+        bootstrap, tmp_path, sequence="8s,8s", handler=service, partitions=4, circuit_breaker=True
     )
     state_dir = dep.settings.state_dir
     logs = tmp_path / "logs"

@@ -90,9 +90,13 @@ def circuit_of(state_dir: Path) -> dict[str, Any]:
     return beats[0].circuit if beats and beats[0].circuit else {}
 
 
-def circuits(state_dir: Path) -> dict[int, dict[str, Any]]:
-    """pid -> circuit of every worker process writing heartbeats in ``state_dir``."""
-    return {b.pid: b.circuit for b in read_heartbeats(state_dir) if b.circuit}
+def circuits(state_dir: Path, fresh_s: float = 5.0) -> dict[int, dict[str, Any]]:
+    """pid -> circuit of every worker process writing heartbeats in ``state_dir`` (a killed
+    worker's file stays behind: only heartbeats fresher than ``fresh_s`` count)."""
+    now = time.time()
+    return {
+        b.pid: b.circuit for b in read_heartbeats(state_dir) if b.circuit and now - b.ts <= fresh_s
+    }
 
 
 def ok_bodies() -> set[str]:
