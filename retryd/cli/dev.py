@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -78,6 +79,9 @@ def dev(
     if broker_kind not in ("tansu", "kafka"):
         typer.echo("retryd: --broker must be tansu or kafka", err=True)
         raise typer.Exit(2)
+    # SIGTERM (a terminal closing, `timeout`, a supervisor) stops like Ctrl-C: the workers,
+    # the sidecar and the broker are stopped, never left running after this process is gone.
+    signal.signal(signal.SIGTERM, _interrupted)
     state = Path(tempfile.mkdtemp(prefix="retryd-dev-"))
     broker: EmbeddedBroker | ApacheKafkaBroker | None = None
     if not bootstrap_servers:
@@ -251,6 +255,10 @@ def _run(
         console.print(log_path.read_text(errors="replace")[-3000:])
         return 1
     return _summary(snapshot(metrics_dir(settings.state_dir)), expected, topics, main, started)
+
+
+def _interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def _progress(snap: Snapshot, topics: list[str], started: float) -> Table:

@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from tests.integration.worker_support import REPO
+from tests.support import wait_for
 
 
 def _dev(*args: str) -> subprocess.Popen[bytes]:
@@ -107,3 +108,29 @@ def test_retryd_dev_on_apache_kafka() -> None:
     pid = int(re.search(r"Apache Kafka pid=(\d+)", text).group(1))  # type: ignore[union-attr]
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+def test_retryd_dev_stopped_by_sigterm_leaves_nothing_running() -> None:
+    proc = _dev("--messages", "50", "--processes", "1", "--hold")
+    try:
+        text = _read_until(proc, "holding the broker", 180)
+        broker = re.search(r"embedded broker pid=(\d+)", text)
+        ready = re.search(r"sidecar ready\s+(\S+/readyz)", text)
+        assert broker and ready, text[-3000:]
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+    def gone(pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        return False
+
+    wait_for(lambda: gone(int(broker.group(1))), 30, what="the embedded broker stopped")
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(ready.group(1), timeout=2)  # the sidecar stopped too
