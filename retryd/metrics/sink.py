@@ -13,7 +13,9 @@ from typing import Any
 
 from retryd.metrics import registry as m
 from retryd.policy.circuit import STATE_VALUE, CircuitSnapshot, CircuitState
-from retryd.worker.events import BatchStats, Buckets, NullSink
+from retryd.policy.headers import DEAD_REASONS
+from retryd.policy.key_order import DEAD_BLOCKED
+from retryd.worker.events import SKIP_OTHER_GROUP, BatchStats, Buckets, NullSink
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +48,15 @@ class PrometheusSink(NullSink):
         self._key_order: dict[str, Any] = {}
         self._abandoned_seen = 0
         m.HANDLER_INFLIGHT.set(0)
+        # Every series a dashboard panel reads exists from the start at 0, so a quiet system's
+        # panels show 0 ("nothing of that kind happened") rather than "No data" (which reads
+        # as a broken exporter): each dead-letter and skip reason, each tier's lateness.
+        for reason in (*DEAD_REASONS, DEAD_BLOCKED):
+            self._dead[reason] = m.DEAD_LETTERS.labels(reason=reason)
+        self._skipped[SKIP_OTHER_GROUP] = m.SKIPPED.labels(reason=SKIP_OTHER_GROUP)
+        for topic in tier_topics:
+            self._lateness[topic] = m.DUE_LATENESS.labels(topic=topic)
+        m.ABANDONED.inc(0)
         # The circuit's series exist from the start (closed, nothing counted), so a panel or an
         # alert sees 0 rather than no data, and increase() counts the first transition.
         m.CIRCUIT_STATE.set(STATE_VALUE[CircuitState.CLOSED])

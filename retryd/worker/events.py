@@ -79,6 +79,10 @@ class _TopicHistograms:
         return b
 
 
+# Why a record was skipped (``BatchStats.skipped``): a tier record of another consumer group.
+SKIP_OTHER_GROUP = "other_group"
+
+
 class BatchStats(_TopicHistograms):
     """Everything one poll iteration observed."""
 

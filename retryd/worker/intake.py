@@ -34,7 +34,7 @@ from retryd.policy.key_order import DEAD_BLOCKED, Verdict
 from retryd.policy.routing import route_malformed
 from retryd.policy.sequence import RetryPlan
 from retryd.worker.book import PartitionBook
-from retryd.worker.events import BatchStats
+from retryd.worker.events import SKIP_OTHER_GROUP, BatchStats
 from retryd.worker.faults import Faults
 from retryd.worker.lifecycle import FAILED, QUEUED, SKIPPED, WAITING
 from retryd.worker.partition import NEVER, PartitionState
@@ -47,7 +47,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SKIP_OTHER_GROUP = "other_group"
 _UNREADABLE = object()  # a tail record's key could not be read (it was dead-lettered)
 
 
