@@ -27,6 +27,8 @@ from retryd.api.observe import RequestMetricsMiddleware
 from retryd.api.readiness import ReadinessProbe
 from retryd.api.state import Sidecar
 from retryd.config import Settings
+from retryd.explorer import install as _explorer_install
+from retryd.explorer.web import UiHeadersMiddleware
 
 DESCRIPTION = """\
 Health, Prometheus metrics and replay of dead-lettered messages for a retryd deployment.
@@ -82,6 +84,7 @@ def create_app(
     app.include_router(routes_health.router)
     app.include_router(routes_v1.router)
     app.include_router(routes_circuit.router)
+    _explorer_install(app, settings, state, creds)  # /ui: the dead-letter explorer's pages
     # The leaf routes (full paths), for the Allow header of 405 answers and the route label.
     app.state.api_routes = [
         *routes_health.router.routes,
@@ -94,5 +97,6 @@ def create_app(
     app.add_middleware(AdmissionMiddleware, groups=bulkheads(settings.sidecar_max_inflight))
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.sidecar_max_body_bytes)
     app.add_middleware(BearerAuthMiddleware, credentials=creds)
+    app.add_middleware(UiHeadersMiddleware)
     app.add_middleware(RequestMetricsMiddleware, routes=leaves)
     return app

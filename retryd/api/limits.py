@@ -37,6 +37,9 @@ GROUPS: tuple[tuple[str, frozenset[str], re.Pattern[str]], ...] = (
     ("replay", frozenset({"POST"}), re.compile(r"/v1/(?:failed/[^/]+/[^/]+/replay|replays)/?")),
     ("metrics", _READS, re.compile(r"/metrics/?")),
     ("circuit", _READS | {"POST"}, re.compile(r"/v1/circuit/?")),
+    # The explorer's pages that read or replay dead letters share the API's groups.
+    ("browse", _READS, re.compile(r"/ui/(?:dead-letters(?:/[^/]+/[^/]+)?/?)?")),
+    ("replay", frozenset({"POST"}), re.compile(r"/ui/replay(?:/dry-run)?/?")),
 )
 
 

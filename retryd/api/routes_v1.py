@@ -15,6 +15,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Path, Query, Request, Security
 
+from retryd.api import actions
 from retryd.api.auth import actor_of, bearer_scheme
 from retryd.api.limits import offload
 from retryd.api.schemas import (
@@ -43,7 +44,6 @@ from retryd.api.schemas import (
 from retryd.api.state import Sidecar
 from retryd.errors import TimeSpecError
 from retryd.policy.timespec import TIME_PATTERN, parse_instant
-from retryd.replay import audit
 from retryd.replay.browse import browse, read_record
 from retryd.replay.errors import InvalidRequest, RecordNotFound
 from retryd.replay.jobs import JobSpec
@@ -271,9 +271,15 @@ async def replay_one(
     source = source_topic(sc.settings, topic)
 
     def work() -> Any:
-        rec = read_record(sc.pool, partition, offset, sc.timeout_s, source)
-        sc.ready_ledger(refresh=False)  # replay() re-reads it right before deciding
-        return sc.replayer.replay(rec, target=want.target, force=want.force or force, actor=actor)
+        return actions.replay_one(
+            sc,
+            partition,
+            offset,
+            topic=source,
+            target=want.target,
+            force=want.force or force,
+            actor=actor,
+        )
 
     out = await offload(request, work)
     return ReplayOneOut(
@@ -309,11 +315,8 @@ async def create_job(request: Request, body: ReplayJobIn) -> ReplayJobOut:
     actor = actor_of(request)
 
     def work() -> ReplayJobOut:
-        if body.target is not None:
-            sc.policy.require_allowed(body.target)
-            sc.policy.require_existing(body.target)
-        sc.ready_ledger(refresh=False)  # the job reads it to the end when it starts
-        job = sc.jobs.create(
+        job = actions.start_job(
+            sc,
             JobSpec(
                 filter=flt,
                 topic=source,
@@ -323,19 +326,7 @@ async def create_job(request: Request, body: ReplayJobIn) -> ReplayJobOut:
                 dry_run=body.dry_run,
                 force=body.force,
                 actor=actor,
-            )
-        )
-        audit.job_event(
-            "created",
-            actor=actor,
-            job=job.id,
-            topic=source,
-            target=body.target,
-            filter=",".join(f"{k}:{v}" for k, v in flt.describe().items()) or None,
-            max_per_second=body.max_per_second,
-            max_messages=body.max_messages,
-            dry_run=body.dry_run,
-            force=body.force,
+            ),
         )
         return ReplayJobOut(**job.snapshot())
 
@@ -374,9 +365,7 @@ async def cancel_job(request: Request, job_id: JobIdPath) -> ReplayJobOut:
     job = sc.jobs.get(job_id)
     if job is None:
         raise RecordNotFound(f"no replay job {job_id} in this sidecar process")
-    if not job.finished:
-        audit.job_event("cancelled", actor=actor_of(request), job=job.id)
-    job.cancel()
+    actions.cancel_job(job, actor_of(request))
     # Wait on the event loop (no thread) for the job to stop; its progress says where.
     deadline = time.monotonic() + sc.timeout_s * 2
     while not job.finished and time.monotonic() < deadline:

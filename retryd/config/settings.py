@@ -234,6 +234,13 @@ class Settings(BaseSettings):
     sidecar_tls_key_file: Path | None = None
     sidecar_max_body_bytes: int = Field(default=65_536, ge=1024, le=64 * 1024 * 1024)
     sidecar_max_inflight: int = Field(default=8, ge=1, le=256)
+    # Dead-letter explorer (/ui): sessions expire after idle_s without a request, and max_s
+    # after sign-in whatever happens; at most max_sessions at once (the oldest goes first).
+    # An overview reads at most overview_scan_max records per dead-letter topic.
+    explorer_session_idle_s: float = Field(default=1800.0, gt=0, le=86_400)
+    explorer_session_max_s: float = Field(default=28_800.0, gt=0, le=7 * 86_400)
+    explorer_max_sessions: int = Field(default=1000, ge=1, le=100_000)
+    explorer_overview_scan_max: int = Field(default=20_000, ge=100, le=1_000_000)
     # API tokens (the sidecar reads and checks them at start-up: retryd.api.credentials)
     api_token: SecretStr | None = None
     api_token_file: Path | None = None

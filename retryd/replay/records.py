@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from retryd.policy import headers as h
+from retryd.policy.fingerprint import fingerprint, fingerprint_id
 from retryd.policy.oversize import DEAD_TOO_LARGE
 from retryd.replay.errors import InvalidRequest
 
@@ -94,11 +95,18 @@ class RecordFilter:
     key: bytes | None = None
     partition: int | None = None
     nothing: bool = False  # contradictory filters (two different keys): matches no record
+    # The error's fingerprint id (``retryd.policy.fingerprint.fingerprint_id`` of the error
+    # class and the message's template), as the explorer's overview groups dead letters.
+    fingerprint: str | None = None
+    # Exactly these (partition, offset) records (the explorer's selection), when given.
+    records: frozenset[tuple[int, int]] | None = None
 
     def matches(self, rec: FailedRecord) -> bool:
         if self.nothing:
             return False
         if self.partition is not None and rec.partition != self.partition:
+            return False
+        if self.records is not None and (rec.partition, rec.offset) not in self.records:
             return False
         if self.since_ms is not None and rec.timestamp < self.since_ms:
             return False
@@ -112,7 +120,9 @@ class RecordFilter:
             (self.error_class, h.ERROR_CLASS),
             (self.dead_reason, h.DEAD_REASON),
         )
-        return all(want is None or env.get(name) == want for want, name in checks)
+        if not all(want is None or env.get(name) == want for want, name in checks):
+            return False
+        return self.fingerprint is None or fingerprint_of(env) == self.fingerprint
 
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -123,7 +133,20 @@ class RecordFilter:
             out["partition"] = self.partition
         if self.key is not None:
             out["key"] = render_bytes(self.key, 256)
+        if self.fingerprint is not None:
+            out["fingerprint"] = self.fingerprint
+        if self.records is not None:
+            out["records"] = len(self.records)
         return out
+
+
+def fingerprint_of(envelope: dict[str, str | int | None]) -> str:
+    """The fingerprint id of a dead letter's error class and message."""
+    cls = envelope.get(h.ERROR_CLASS)
+    msg = envelope.get(h.ERROR_MESSAGE)
+    return fingerprint_id(
+        cls if isinstance(cls, str) else None, fingerprint(msg if isinstance(msg, str) else None)
+    )
 
 
 def key_from(text: str | None, b64: str | None) -> tuple[bytes | None, bool]:

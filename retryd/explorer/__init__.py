@@ -1,0 +1,22 @@
+"""The dead-letter explorer: server-rendered pages under ``/ui`` of the sidecar (sign-in with
+an API token, overview, browse, one record, dry run, replay, job progress)."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+
+from retryd.api.credentials import Credentials
+from retryd.api.state import Sidecar
+from retryd.config import Settings
+
+
+def install(app: FastAPI, settings: Settings, sidecar: Sidecar, credentials: Credentials) -> None:
+    """Add the explorer's routes and state to the sidecar's app (its headers middleware is
+    ``retryd.explorer.web.UiHeadersMiddleware``, added by ``create_app``)."""
+    from retryd.explorer import acting, overview_page, routes
+    from retryd.explorer.web import Explorer
+
+    app.state.explorer = Explorer(settings, sidecar, credentials)
+    app.include_router(overview_page.router)
+    app.include_router(routes.router)
+    app.include_router(acting.router)

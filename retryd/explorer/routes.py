@@ -1,0 +1,379 @@
+"""The explorer's pages under ``/ui``: sign-in and out, browsing and one record.
+
+Acting (dry runs, replays, jobs) is in ``retryd.explorer.acting``; the overview in
+``retryd.explorer.overview_page``. Every page needs a session (``web.session_of``), every POST
+its CSRF token and a same-origin browser (``check_post``), and broker work runs on the API's
+bulkhead threads through the API's own functions (``offload``, ``browse``, ``read_record``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Annotated, Any
+from urllib.parse import parse_qs, urlencode
+
+from fastapi import APIRouter, Path, Query, Request
+from fastapi.responses import RedirectResponse, Response
+
+from retryd.api.errors import STATUS
+from retryd.api.limits import offload
+from retryd.explorer import preview as pv
+from retryd.explorer.filters import FilterProblem, UiFilter
+from retryd.explorer.newest import NewestPage, browse_newest
+from retryd.explorer.security import COOKIE, COOKIE_PATH, client_address, safe_next, same_origin
+from retryd.explorer.sessions import Session, csrf_ok
+from retryd.explorer.web import STATIC_TYPES, Explorer, explorer_of, session_of
+from retryd.metrics.http import count_auth_failure
+from retryd.policy import headers as h
+from retryd.policy.timespec import format_instant
+from retryd.replay import audit
+from retryd.replay.browse import read_record
+from retryd.replay.errors import ReplayError
+from retryd.replay.records import DEAD_REASONS
+from retryd.replay.sources import dead_letter_topics, source_topic
+
+log = logging.getLogger(__name__)
+
+router = APIRouter(prefix="/ui", include_in_schema=False)
+
+PAGE_SIZE = 50
+LIST_PREVIEW = 256
+MAX_FORM_FIELDS = 1000
+LOGIN_FAILED = "Sign-in failed: the token is not valid."
+EXPIRED = "Your session expired; sign in again."
+
+
+async def read_form(request: Request) -> dict[str, list[str]]:
+    """A urlencoded form body (already bounded by the body-size middleware)."""
+    body = await request.body()
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        return {}
+    return parse_qs(text, keep_blank_values=True, max_num_fields=MAX_FORM_FIELDS)
+
+
+def first(form: dict[str, list[str]], name: str) -> str | None:
+    values = form.get(name)
+    return values[0] if values else None
+
+
+def check_post(
+    request: Request, form: dict[str, list[str]], *, needs: str = "read"
+) -> tuple[Session | None, Response | None]:
+    """The session of a POST with a valid CSRF token from this origin and the scope
+    ``needs``; else the answer to give (sign-in redirect, or a 403 page)."""
+    ex = explorer_of(request)
+    session, answer = session_of(request)
+    if session is None:
+        return None, answer
+    if not same_origin(request.headers, ex.scheme) or not csrf_ok(session, first(form, "csrf")):
+        return None, ex.message(
+            request,
+            403,
+            "Request refused",
+            "The form's security token is missing or stale, or the request came from another "
+            "site. Reload the page and try again.",
+            session=session,
+            section_id="forbidden",
+        )
+    if not session.allows(needs):
+        count_auth_failure("insufficient_scope")
+        return None, ex.message(
+            request,
+            403,
+            "Not allowed",
+            f"Your token ({session.token_id}) has scope {session.scope}; this needs scope {needs}.",
+            session=session,
+            section_id="forbidden",
+        )
+    return session, None
+
+
+def replay_error_page(
+    request: Request, exc: ReplayError, session: Session | None, back: str = "/ui/"
+) -> Response:
+    """A replay-layer error as a page, with the status code the API gives it."""
+    status = next((code for cls, code, _ in STATUS if isinstance(exc, cls)), 400)
+    if status >= 500:
+        log.warning("%s %s: %s", request.method, request.url.path, exc)
+    return explorer_of(request).message(
+        request, status, "Could not do that", str(exc)[:2000], session=session, back=back
+    )
+
+
+# ------------------------------------------------------------------ sign-in
+
+
+@router.get("/login")
+async def login_page(
+    request: Request,
+    next: Annotated[str | None, Query(max_length=2048)] = None,
+    expired: Annotated[str | None, Query(max_length=8)] = None,
+) -> Response:
+    ex = explorer_of(request)
+    return ex.render(
+        request,
+        "login.html",
+        200 if ex.credentials.enabled else 503,
+        next=safe_next(next),
+        notice=EXPIRED if expired else None,
+        error=None,
+        enabled=ex.credentials.enabled,
+    )
+
+
+@router.post("/login")
+async def login(request: Request) -> Response:
+    ex = explorer_of(request)
+    form = await read_form(request)
+    target = safe_next(first(form, "next"))
+    client = client_address(request.scope.get("client"))
+
+    def failed(status: int, text: str) -> Response:
+        return ex.render(
+            request,
+            "login.html",
+            status,
+            next=target,
+            notice=None,
+            error=text,
+            enabled=ex.credentials.enabled,
+        )
+
+    if not ex.credentials.enabled:
+        return failed(503, "The explorer is disabled: no API token is configured.")
+    if not same_origin(request.headers, ex.scheme):
+        return failed(403, "Sign-in refused: the form was sent from another site.")
+    if not ex.throttle.allowed(client):
+        return failed(429, "Too many failed sign-ins; wait a minute and try again.")
+    given = (first(form, "token") or "").strip()
+    token = ex.credentials.identify(given.encode("utf-8")) if 0 < len(given) <= 1024 else None
+    if token is None:
+        ex.throttle.failed(client)
+        count_auth_failure("missing_token" if not given else "invalid_token")
+        return failed(401, LOGIN_FAILED)
+    session_id, _ = ex.sessions.create(token.id, token.scope)
+    audit.audit_log.info(
+        "ui_sign_in %s", audit.audit_fields({"actor": token.id, "scope": token.scope})
+    )
+    answer = RedirectResponse(target, status_code=303)
+    answer.set_cookie(
+        COOKIE,
+        session_id,
+        path=COOKIE_PATH,
+        httponly=True,
+        samesite="strict",
+        secure=ex.secure,
+    )
+    return answer
+
+
+@router.post("/logout")
+async def logout(request: Request) -> Response:
+    ex = explorer_of(request)
+    form = await read_form(request)
+    session, answer = check_post(request, form)
+    if session is None:
+        assert answer is not None
+        return answer
+    ex.sessions.end(request.cookies.get(COOKIE))
+    audit.audit_log.info("ui_sign_out %s", audit.audit_fields({"actor": session.token_id}))
+    out = RedirectResponse("/ui/login", status_code=303)
+    out.delete_cookie(COOKIE, path=COOKIE_PATH, httponly=True, samesite="strict", secure=ex.secure)
+    return out
+
+
+@router.get("/static/{name}")
+async def static(name: Annotated[str, Path(max_length=64)]) -> Response:
+    """The explorer's own script and stylesheet (nothing else is served)."""
+    from retryd.explorer.web import HERE
+
+    if name not in STATIC_TYPES:
+        return Response("not found", status_code=404, media_type="text/plain")
+    return Response((HERE / "static" / name).read_bytes(), media_type=STATIC_TYPES[name])
+
+
+# ------------------------------------------------------------------ browse
+
+
+def _row(item: dict[str, Any], topic: str) -> dict[str, Any]:
+    env = item["retryd"]
+    key = item["key"]
+    key_text = (
+        "(null)"
+        if key["encoding"] is None
+        else pv.short(key["data"], 120)
+        if key["encoding"] == "utf-8"
+        else "base64:" + key["data"][:120]
+    )
+    msg = env.get(h.ERROR_MESSAGE)
+    cls = env.get(h.ERROR_CLASS)
+    src = env.get(h.ORIGINAL_TOPIC)
+    return {
+        "partition": item["partition"],
+        "offset": item["offset"],
+        "time": format_instant(item["timestamp"]),
+        "href": f"/ui/dead-letters/{item['partition']}/{item['offset']}?"
+        + urlencode({"topic": topic}),
+        "key": key_text,
+        "reason": pv.short(
+            env.get(h.DEAD_REASON) if isinstance(env.get(h.DEAD_REASON), str) else ""
+        ),
+        "error_class": pv.short(cls if isinstance(cls, str) else "", 120),
+        "error_message": pv.short(msg if isinstance(msg, str) else "", 160),
+        "source": pv.short(src if isinstance(src, str) else "", 120),
+        "retry": env.get(h.RETRY_NUMBER) if isinstance(env.get(h.RETRY_NUMBER), int) else "",
+    }
+
+
+@router.get("/dead-letters")
+async def browse_page(
+    request: Request,
+    cursor: Annotated[str | None, Query(max_length=65_536)] = None,
+) -> Response:
+    session, answer = session_of(request)
+    if session is None:
+        assert answer is not None
+        return answer
+    ex = explorer_of(request)
+    sc = ex.sidecar
+    topics = dead_letter_topics(ex.settings)
+    context: dict[str, Any] = {
+        "active": "browse",
+        "topics": topics,
+        "reasons": DEAD_REASONS,
+        "can_act": session.allows("replay"),
+        "page": None,
+        "error": None,
+        "cursor": cursor,
+    }
+    try:
+        uf = UiFilter.read(_multi(request))
+        topic = source_topic(ex.settings, uf.topic)
+        flt = uf.to_filter(int(time.time() * 1000))
+    except (FilterProblem, ReplayError) as exc:
+        return ex.render(
+            request,
+            "browse.html",
+            400,
+            session,
+            f=UiFilter(),
+            filter_fields=[],
+            rows=[],
+            **{**context, "error": str(exc)[:500]},
+        )
+    uf = UiFilter(**{**uf.__dict__, "topic": topic})
+
+    def work() -> NewestPage:
+        return browse_newest(
+            sc.pool,
+            flt,
+            cursor=cursor,
+            limit=PAGE_SIZE,
+            preview_bytes=LIST_PREVIEW,
+            timeout_s=sc.timeout_s,
+            topic=topic,
+        )
+
+    try:
+        page = await offload(request, work)
+    except ReplayError as exc:
+        status = next((code for cls, code, _ in STATUS if isinstance(exc, cls)), 400)
+        return ex.render(
+            request,
+            "browse.html",
+            status,
+            session,
+            f=uf,
+            filter_fields=uf.items(),
+            rows=[],
+            **{**context, "error": str(exc)[:500]},
+        )
+    return ex.render(
+        request,
+        "browse.html",
+        200,
+        session,
+        f=uf,
+        filter_fields=uf.items(),
+        rows=[_row(item, topic) for item in page.items],
+        next_href="/ui/dead-letters?" + uf.query(cursor=page.next_cursor),
+        first_href="/ui/dead-letters?" + uf.query(),
+        **{**context, "page": page},
+    )
+
+
+def _multi(request: Request) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for name, value in request.query_params.multi_items():
+        out.setdefault(name, []).append(value)
+    return out
+
+
+# ------------------------------------------------------------------ one record
+
+
+def curl_for(ex: Explorer, request: Request, topic: str, partition: int, offset: int) -> str:
+    """The API call that replays this record, with a placeholder for the token."""
+    base = f"{request.url.scheme}://{request.url.netloc}"
+    query = "" if topic == ex.settings.failed_topic else "?" + urlencode({"topic": topic})
+    url = f"{base}/v1/failed/{partition}/{offset}/replay{query}"
+    return (
+        'curl -sS -X POST -H "Authorization: Bearer $RETRYD_TOKEN" '
+        f"'{url.replace(chr(39), '%27')}'"
+    )
+
+
+@router.get("/dead-letters/{partition}/{offset}")
+async def record_page(
+    request: Request,
+    partition: Annotated[int, Path(ge=0, le=2**31 - 1)],
+    offset: Annotated[int, Path(ge=0, le=2**63 - 1)],
+    topic: Annotated[str | None, Query(max_length=249)] = None,
+) -> Response:
+    session, answer = session_of(request)
+    if session is None:
+        assert answer is not None
+        return answer
+    ex = explorer_of(request)
+    sc = ex.sidecar
+    back = "/ui/dead-letters?" + urlencode({"topic": topic} if topic else {})
+    try:
+        source = source_topic(ex.settings, topic)
+        rec = await offload(request, read_record, sc.pool, partition, offset, sc.timeout_s, source)
+        ledger = await offload(request, sc.ready_ledger)
+        entry = ledger.get(rec.coord)
+    except ReplayError as exc:
+        return replay_error_page(request, exc, session, back)
+    replayed = None
+    if entry is not None:
+        replayed = (
+            f"to {entry.target_topic}/{entry.target_partition}/{entry.target_offset} "
+            f"by {entry.by} ({entry.replay_id})"
+        )
+    env = rec.envelope
+    return ex.render(
+        request,
+        "record.html",
+        200,
+        session,
+        active="browse",
+        rec={
+            "topic": rec.topic,
+            "partition": rec.partition,
+            "offset": rec.offset,
+            "time": format_instant(rec.timestamp),
+        },
+        back=back,
+        replayed=replayed,
+        can_act=session.allows("replay"),
+        decoded=pv.decoded(env),
+        key=pv.preview(rec.key, pv.HEADER_MAX),
+        headers=pv.header_rows(rec.headers),
+        headers_error=rec.headers_error,
+        payload=pv.preview(rec.value, pv.PAYLOAD_MAX),
+        payload_max=pv.PAYLOAD_MAX,
+        curl=curl_for(ex, request, rec.topic, rec.partition, rec.offset),
+    )
