@@ -20,8 +20,8 @@ else:
     DeadReason = Literal[DEAD_REASONS]
 # What a ``topic`` of the failed-records API may name (retryd.replay.sources).
 SOURCE_TOPIC_FORMS = (
-    "failed_topic (the default) or a dead-letter topic of error_routes (dlt:<topic>); any "
-    "other topic is refused (400)"
+    "failed_topic (the default), a dead-letter topic of error_routes (dlt:<topic>) or another "
+    "system's dead-letter topic named in foreign_dead_letters; any other topic is refused (400)"
 )
 MAX_OFFSET = 2**63 - 1
 MAX_PARTITION = 2**31 - 1
@@ -146,6 +146,16 @@ class FailedRecordOut(BaseModel):
         default=None,
         description="why some or all of the record's headers could not be read (header names "
         "that are not UTF-8): they are missing from retryd and headers",
+    )
+    format: str = Field(
+        default="retryd",
+        description="who wrote the dead letter: retryd, or the system of a foreign_dead_letters "
+        "topic (spring, karafka, connect, share_group) whose headers retryd shows mapped",
+    )
+    mapping_problems: list[str] = Field(
+        default_factory=list,
+        description="what could not be read of a foreign dead letter's headers (those fields "
+        "are null in retryd)",
     )
     key: Preview
     value: Preview

@@ -30,6 +30,7 @@ from retryd.replay.manager import JobManager
 from retryd.replay.ratelimit import SharedRateLimit
 from retryd.replay.replayer import Replayer, TargetPolicy
 from retryd.replay.scan import ScannerPool
+from retryd.replay.sources import dead_letter_topics, foreign_formats
 from retryd.replay.targets import reserved_topics
 from retryd.runtime.paths import metrics_dir
 
@@ -62,6 +63,7 @@ class Sidecar:
             "browse",
             size=2 * settings.sidecar_max_inflight,
             clients=clients,
+            formats=foreign_formats(settings),
         )
         self.ledger = ReplayLedger(
             self.common,
@@ -87,7 +89,8 @@ class Sidecar:
             ceiling=self.ceiling,
         )
         self.jobs = JobManager(self._new_job)
-        dlt_topics = settings.plan.dlt_topics  # error routes' dead-letter topics
+        # error routes' dead-letter topics, then foreign ones: backlog and replays measured alike
+        dlt_topics = dead_letter_topics(settings)[1:]
         self.ledger_tail = LedgerTail(
             self.common, settings.ledger_topic, settings.failed_topic, dlt_topics=dlt_topics
         )
@@ -121,6 +124,7 @@ class Sidecar:
             timeout_s=self.timeout_s,
             delivery_timeout_s=self.delivery_timeout_s,
             ceiling=self.ceiling,
+            formats=self.pool.formats,
         )
 
     def start(self) -> None:

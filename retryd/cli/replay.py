@@ -7,7 +7,8 @@ has its ledger entry (bounded by the delivery timeout) before the ledger is clos
 
 A replay that no filter narrows (every record of failed_topic) asks for confirmation on a
 terminal and is refused without one, unless ``--yes``; ``--dry-run`` never asks. ``--topic``
-replays from an error route's dead-letter topic (``dlt:<topic>``) instead of failed_topic.
+replays from an error route's dead-letter topic (``dlt:<topic>``) or another system's
+(``foreign_dead_letters``, read through its header mapping) instead of failed_topic.
 """
 
 from __future__ import annotations
@@ -37,8 +38,8 @@ def replay(
     topic: str | None = typer.Option(
         None,
         "--topic",
-        help="the dead-letter topic to replay from: failed_topic (default) or a dlt: topic of "
-        "error_routes",
+        help="the dead-letter topic to replay from: failed_topic (default), a dlt: topic of "
+        "error_routes or a topic of foreign_dead_letters",
     ),
     original_topic: str | None = typer.Option(None, help="only records first seen on this topic"),
     error_class: str | None = typer.Option(None, help="only this retryd_error_class"),
@@ -73,7 +74,7 @@ def replay(
     from retryd.replay.ledger import ReplayLedger
     from retryd.replay.records import RecordFilter
     from retryd.replay.replayer import TargetPolicy
-    from retryd.replay.sources import source_topic
+    from retryd.replay.sources import foreign_formats, source_topic
     from retryd.replay.targets import reserved_topics
 
     settings = settings_or_exit(
@@ -137,6 +138,7 @@ def replay(
             policy=policy,
             by="cli",
             delivery_timeout_s=DELIVERY_TIMEOUT_S,
+            formats=foreign_formats(settings),
         )
         snap = _run_with_progress(job, console, quiet=as_json)
     except RetrydError as exc:

@@ -162,6 +162,7 @@ def report(
             failed_topic=settings.failed_topic,
             tier_topics=tuple(settings.plan.tier_topics),
             dlt_topics=tuple(settings.plan.dlt_topics),
+            foreign=dict(settings.foreign_dead_letters),
             out_dir=out,
             top_n=top,
             source=src,
@@ -298,6 +299,12 @@ def _archive_continuously(
 @spark_app.command()
 def replay(
     config: Path | None = ConfigOption,
+    topic: str | None = typer.Option(
+        None,
+        "--topic",
+        help="the dead-letter topic to replay from: failed_topic (default), a dlt: topic of "
+        "error_routes or a topic of foreign_dead_letters",
+    ),
     where: str | None = typer.Option(None, "--where", help="Spark SQL filter on the columns"),
     target: str | None = typer.Option(None, help="target topic (default: each original topic)"),
     rate: float = typer.Option(100.0, "--rate", min=0.001, help="replays per second, in total"),
@@ -323,11 +330,15 @@ def replay(
     with _job_errors(), spark_session(master, conf, console) as spark:
         from retryd.pipeline.progress import JobProgress
         from retryd.pipeline.replay import ReplaySpec, print_summary, run_replay
+        from retryd.replay.sources import source_topic, topic_format
         from retryd.replay.targets import reserved_topics
 
+        source = source_topic(settings, topic)
         spec = ReplaySpec(
             kafka_conf=settings.kafka_common(),
             failed_topic=settings.failed_topic,
+            topic=source,
+            foreign=str(topic_format(settings, source)),
             ledger_topic=settings.ledger_topic,
             allowlist=tuple(settings.replay_allowlist or settings.main_topics),
             reserved=tuple(reserved_topics(settings).items()),

@@ -33,6 +33,7 @@ from pydantic_settings.exceptions import SettingsError
 from retryd.errors import ConfigError, SequenceError
 from retryd.policy.circuit import BreakerPolicy
 from retryd.policy.error_routes import routes_from_value
+from retryd.policy.foreign import topics_from_value
 from retryd.policy.key_order import KeyOrder, OnDeadLetter
 from retryd.policy.sequence import RetryPlan, validate_topic_name
 
@@ -250,6 +251,9 @@ class Settings(BaseSettings):
     replay_allowlist: Annotated[list[str], NoDecode] = Field(default_factory=list)
     replay_max_per_second: float = Field(default=500.0, gt=0, le=1_000_000)
     ledger_topic: str = "retryd_replay_ledger"
+    # Other systems' dead-letter topics, browsed and replayed like failed_topic: topic ->
+    # spring | karafka | connect | share_group | auto (retryd.policy.foreign)
+    foreign_dead_letters: Annotated[dict[str, str], NoDecode] = Field(default_factory=dict)
     readiness_timeout_s: float = Field(default=2.0, gt=0)
     heartbeat_stale_s: float = Field(default=15.0, gt=0)
     # How often the sidecar measures lag, the dead-letter backlog and the replay ledger
@@ -336,6 +340,12 @@ class Settings(BaseSettings):
         # checked with the plan (_consistent), one line per problem naming its route
         return routes_from_value(value)
 
+    @field_validator("foreign_dead_letters", mode="before")
+    @classmethod
+    def _foreign_dead_letters(cls, value: Any) -> Any:
+        # topic names and format names (one of spring, karafka, connect, share_group, auto)
+        return topics_from_value(value)
+
     @field_validator("main_topics", "failed_topic", "ledger_topic", "key_state_topic")
     @classmethod
     def _topic_names(cls, value: list[str] | str) -> list[str] | str:
@@ -392,6 +402,7 @@ class Settings(BaseSettings):
                 what = "a main topic" if topic in self.main_topics else "the ledger_topic"
                 problems.append(f"error_routes: dlt:{topic} is {what}")
         problems.extend(self._key_order_problems())
+        problems.extend(self._foreign_problems())
         isr, rf = self.min_insync_replicas, self.replication_factor
         if isr is not None and rf > 0 and isr > rf:
             problems.append(
@@ -430,6 +441,28 @@ class Settings(BaseSettings):
                 problems.append("key_order=strict needs ordering=key")
             if self.exactly_once:
                 problems.append("key_order=strict does not work with exactly_once yet")
+        return problems
+
+    def _foreign_problems(self) -> list[str]:
+        """A foreign dead-letter topic is read and replayed from: never one of retryd's own."""
+        own = {
+            **dict.fromkeys(self.main_topics, "a main topic"),
+            **dict.fromkeys(self.plan_topics_or_empty(), "a retry tier"),
+            **dict.fromkeys(self.dlt_topics_or_empty(), "a dlt: topic of error_routes"),
+            self.failed_topic: "failed_topic",
+            self.ledger_topic: "the ledger_topic",
+            self.key_state_topic: "the key_state_topic",
+        }
+        problems = [
+            f"foreign_dead_letters: {topic} is {own[topic]}"
+            for topic in self.foreign_dead_letters
+            if topic in own
+        ]
+        problems.extend(
+            f"foreign_dead_letters: {topic} is a Kafka-internal topic (its name starts with __)"
+            for topic in self.foreign_dead_letters
+            if topic.startswith("__")
+        )
         return problems
 
     @property

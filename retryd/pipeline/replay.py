@@ -12,7 +12,9 @@ was replayed already, in both directions:
 - a copy counts only once its ledger record is acknowledged, written with ``ReplayLedger``.
 
 The global rate limit is split evenly across the tasks (one token bucket each), and the rows
-are spread round-robin so every task gets its share.
+are spread round-robin so every task gets its share. ``topic`` reads another dead-letter topic
+than ``failed_topic`` (an error route's, or another system's: ``foreign`` names how its
+headers are read, ``retryd.pipeline.foreign``).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from rich.console import Console
 from rich.table import Table
 
 from retryd.errors import RetrydError, SequenceError
+from retryd.pipeline.foreign import map_foreign
 from retryd.pipeline.progress import JobProgress
 from retryd.pipeline.replay_task import TaskSpec, replay_partition
 from retryd.pipeline.source import Source, kafka_options, read_kafka
@@ -69,6 +72,12 @@ class ReplaySpec:
     replay_id: str | None = None
     timeout_s: float = 10.0
     window: TimeWindow = field(default_factory=TimeWindow)  # failed records' Kafka timestamps
+    topic: str | None = None  # the dead-letter topic to read (default: failed_topic)
+    foreign: str = "retryd"  # how its records are read: a format of foreign_dead_letters
+
+    @property
+    def source_topic(self) -> str:
+        return self.topic or self.failed_topic
 
 
 @dataclass
@@ -96,16 +105,18 @@ def _filtered(spark: SparkSession, spec: ReplaySpec, result: ReplayResult) -> Da
     if spec.window.is_open:
         opts = kafka_options(
             spec.kafka_conf,
-            [spec.failed_topic],
+            [spec.source_topic],
             maxRecordsPerPartition=spec.max_records_per_partition,
         )
         failed = read_kafka(spark, opts, spec.source)
     else:
         failed, plan = read_window(
-            spark, spec.kafka_conf, [spec.failed_topic], spec.window, spec.source,
+            spark, spec.kafka_conf, [spec.source_topic], spec.window, spec.source,
             spec.max_records_per_partition,
         )  # fmt: skip
         result.time_filter = f"{spec.window.describe()}: {plan.note}"
+    if spec.foreign != "retryd":
+        failed = map_foreign(failed, {spec.source_topic: spec.foreign})
     if not spec.where:
         return failed
     try:
@@ -186,7 +197,7 @@ def run_replay(spark: SparkSession, spec: ReplaySpec, progress: JobProgress) -> 
         "topic", "partition", "offset", F.unix_millis("timestamp").alias("ts_ms"),
         "key", "value", "headers", "original_topic", target.alias("target"), coord.alias("coord"),
     ]  # fmt: skip
-    with progress.step(f"selecting from {spec.failed_topic}"):
+    with progress.step(f"selecting from {spec.source_topic}"):
         matched = _filtered(spark, spec, result).select(*columns).cache()
         result.matched = matched.count()
         candidates = matched
@@ -225,6 +236,7 @@ def run_replay(spark: SparkSession, spec: ReplaySpec, progress: JobProgress) -> 
         rate_per_task=spec.max_per_second / tasks,
         force=spec.force,
         timeout_s=spec.timeout_s,
+        foreign=spec.foreign,
     )
     rows = selected.repartition(tasks).sortWithinPartitions("partition", "offset")
     label = f"replaying {result.to_replay} records at <= {spec.max_per_second:g}/s ({tasks} tasks)"

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from retryd.kafka.clients import new_producer
+from retryd.policy.foreign import ForeignFormat, parse_format, record_format
 from retryd.replay.jobs import LEDGER_REFRESH_S, TokenBucket
 from retryd.replay.ledger import ReplayLedger
 from retryd.replay.records import FailedRecord
@@ -38,6 +39,7 @@ class TaskSpec:
     rate_per_task: float
     force: bool
     timeout_s: float = 10.0
+    foreign: str = "retryd"  # how the rows' dead letters are read (foreign_dead_letters)
 
 
 class _Task:
@@ -108,7 +110,9 @@ class _Task:
         }
 
 
-def to_record(row: Any) -> FailedRecord:
+def to_record(row: Any, foreign: str = "retryd") -> FailedRecord:
+    """A row as a failed record; ``foreign`` (a foreign_dead_letters format, or ``retryd``)
+    says how its headers are read: a replayed copy then leaves the foreign ones behind."""
     headers = [
         (h["key"], None if h["value"] is None else bytes(h["value"])) for h in row["headers"]
     ]
@@ -120,6 +124,9 @@ def to_record(row: Any) -> FailedRecord:
         key=None if row["key"] is None else bytes(row["key"]),
         value=None if row["value"] is None else bytes(row["value"]),
         headers=headers,
+        format=record_format(
+            ForeignFormat.RETRYD if foreign == "retryd" else parse_format(foreign), headers
+        ),
     )
 
 
@@ -130,7 +137,7 @@ def replay_partition(spec: TaskSpec, rows: Iterator[Any]) -> Iterator[dict[str, 
         task.ledger.refresh()
         last_refresh = time.monotonic()
         for row in rows:
-            rec = to_record(row)
+            rec = to_record(row, spec.foreign)
             target = row["target"]
             if time.monotonic() - last_refresh > LEDGER_REFRESH_S:
                 task.ledger.refresh()  # the sidecar may have replayed some meanwhile

@@ -3,7 +3,9 @@
 The dead letters are those of ``failed_topic`` and of the error routes' named dead-letter
 topics (``dlt:<topic>``, dead reason ``routed``): a record an error route sent to its DLT is as
 dead as an exhausted one. A DLT that does not exist yet (nothing was routed there, the topics
-were not created) is skipped, like a missing tier.
+were not created) is skipped, like a missing tier. So are other systems' dead-letter topics
+(``foreign_dead_letters``): their headers are mapped onto the same columns
+(``retryd.pipeline.foreign``), and each gets its funnel row.
 
 Three tables, each written as Parquet and CSV, printed to the terminal and drawn in one PNG:
 
@@ -38,6 +40,7 @@ from rich.console import Console
 from rich.table import Table
 
 from retryd.pipeline.chart import render_chart
+from retryd.pipeline.foreign import map_foreign
 from retryd.pipeline.kafka_io import list_partitions, range_consumer
 from retryd.pipeline.progress import JobProgress
 from retryd.pipeline.source import Source, kafka_options, read_kafka
@@ -63,6 +66,7 @@ class ReportSpec:
     source: Source | str = Source.PYTHON
     max_records_per_partition: int | None = None
     window: TimeWindow = field(default_factory=TimeWindow)  # dead letters' Kafka timestamps
+    foreign: Mapping[str, str] = field(default_factory=dict)  # foreign_dead_letters
 
 
 @dataclass
@@ -118,6 +122,11 @@ def _fingerprints(messages: DataFrame) -> DataFrame:
     )
 
 
+def _also_dead(spec: ReportSpec) -> tuple[str, ...]:
+    """The dead-letter topics besides failed_topic: the routes' DLTs, then the foreign ones."""
+    return tuple(dict.fromkeys((*spec.dlt_topics, *spec.foreign)))
+
+
 def top_errors(failed: DataFrame, top_n: int) -> DataFrame:
     """Failure modes by count: error class x fingerprint, distinct messages, one example."""
     from pyspark.sql import functions as F
@@ -154,7 +163,7 @@ def build_tables(
     )
     dead_topics = [
         spec.failed_topic,
-        *_existing_topics(spec.kafka_conf, spec.dlt_topics, "dead-letter topic"),
+        *_existing_topics(spec.kafka_conf, _also_dead(spec), "dead-letter topic"),
     ]
     with progress.step(f"reading {', '.join(dead_topics)}"):
         time_filter = "no time filter"
@@ -166,7 +175,7 @@ def build_tables(
                 spec.max_records_per_partition,
             )  # fmt: skip
             time_filter = f"{spec.window.describe()}: {plan.note}"
-        failed = raw.select(
+        failed = map_foreign(raw, spec.foreign).select(
             "topic", "timestamp", "original_topic", "original_partition", "original_offset",
             "error_class", "error_message", "dead_reason",
         ).cache()  # fmt: skip
@@ -211,7 +220,7 @@ def build_tables(
     stages = [(i + 1, topic) for i, topic in enumerate(spec.tier_topics)]
     dead_stages = [
         (len(stages) + i + 1, topic)
-        for i, topic in enumerate(dict.fromkeys((spec.failed_topic, *spec.dlt_topics)))
+        for i, topic in enumerate(dict.fromkeys((spec.failed_topic, *_also_dead(spec))))
     ]
     funnel = (
         spark.createDataFrame(stages, "stage int, tier string")

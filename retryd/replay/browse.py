@@ -1,6 +1,7 @@
 """Browse a dead-letter topic (``failed_topic`` unless a request names an error route's
-``dlt:`` topic, see ``sources``): filtered pages with an opaque cursor (next offset per
-partition; a cursor belongs to the topic it was returned for)."""
+``dlt:`` topic or a foreign one, see ``sources``): filtered pages with an opaque cursor (next
+offset per partition; a cursor belongs to the topic it was returned for). A foreign topic's
+records are read through the pool's mapping (``ScannerPool.formats``)."""
 
 from __future__ import annotations
 
@@ -80,7 +81,7 @@ def browse(
             start, timeout_s=time_budget_s, idle_timeout_s=timeout_s, partial_ok=True
         ):
             scanned += 1
-            rec: FailedRecord | None = to_record(msg)
+            rec: FailedRecord | None = to_record(msg, scanner.fmt)
             assert rec is not None
             if flt.matches(rec):
                 item = render_record(rec, preview_bytes)
@@ -131,4 +132,4 @@ def read_record(
         pool.release(scanner, broken=broken)
     if msg is None:
         raise RecordNotFound(f"no record at {where}[{partition}]@{offset}")
-    return to_record(msg)
+    return to_record(msg, scanner.fmt)

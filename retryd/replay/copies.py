@@ -66,10 +66,11 @@ def replay_copy_kwargs(
 ) -> dict[str, Any]:
     """``Producer.produce`` arguments of a replayed copy: key and value as they were, a fresh
     retry sequence, the replay headers, the source's partition number where the target has it."""
+    headers = replay_headers(rec.kept_headers, replay_id=replay_id, replayed_from=str(rec.coord))
     kwargs: dict[str, Any] = {
         "key": rec.key,
         "value": rec.value,
-        "headers": replay_headers(rec.headers, replay_id=replay_id, replayed_from=str(rec.coord)),
+        "headers": headers,
     }
     part = target_partition(rec, target, partition_count)
     if part is not None:

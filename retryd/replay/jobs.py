@@ -19,10 +19,12 @@ import threading
 import time
 import uuid
 from collections import deque
+from collections.abc import Mapping
 from typing import Any
 
 from confluent_kafka import KafkaException, Producer
 
+from retryd.policy.foreign import ForeignFormat, TopicFormat
 from retryd.replay import audit, recovery
 from retryd.replay.copies import (
     effective_delivery_timeout_s,
@@ -72,14 +74,17 @@ class ReplayJob:
         count_timeout_s: float = COUNT_TIMEOUT_S,
         delivery_timeout_s: float | None = None,
         ceiling: SharedRateLimit | None = None,
+        formats: Mapping[str, TopicFormat] | None = None,
     ) -> None:
         """``count_timeout_s`` bounds the counting pass; ``delivery_timeout_s`` the wait for
         one copy's (and one ledger record's) delivery report; ``ceiling`` is the rate shared
-        with every other replay of the process."""
+        with every other replay of the process; ``formats`` names the foreign dead-letter
+        topics (``foreign_dead_letters``), whose records are read through their mapping."""
         self.id = job_id or f"job-{uuid.uuid4().hex[:16]}"
         self.spec = spec
         self.common = common
         self.failed_topic = spec.topic or failed_topic  # the dead-letter topic it reads
+        self.fmt: TopicFormat = (formats or {}).get(self.failed_topic, ForeignFormat.RETRYD)
         self.ledger = ledger
         self.policy = policy
         self.by = f"{by}:{spec.actor}@{who()}"
@@ -131,7 +136,7 @@ class ReplayJob:
         p.started_at = time.time()
         try:
             scanner = TopicScanner(
-                self.common, self.failed_topic, "replay-job", self.ledger.clients
+                self.common, self.failed_topic, "replay-job", self.ledger.clients, self.fmt
             )
             self._set(state="counting")
             parts = scanner.partitions(self.timeout_s)
@@ -179,7 +184,7 @@ class ReplayJob:
             for msg in records:
                 if self._cancel.is_set():
                     break
-                self._count_one(to_record(msg), limit)
+                self._count_one(to_record(msg, self.fmt), limit)
         except ScanIncomplete as exc:
             raise ScanIncomplete(
                 f"the counting pass did not reach the end of {self.failed_topic} within "
@@ -243,7 +248,7 @@ class ReplayJob:
 
         unprocessed: FailedRecord | None = None  # read but not handled when the job stopped
         for msg in scanner.scan(start, stop, timeout_s=10**9, idle_timeout_s=self.timeout_s):
-            rec = to_record(msg)
+            rec = to_record(msg, self.fmt)
             if self._cancel.is_set():
                 unprocessed, outcome = rec, ("cancelled", "cancelled")
                 break

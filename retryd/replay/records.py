@@ -11,6 +11,7 @@ from typing import Any
 
 from retryd.policy import headers as h
 from retryd.policy.fingerprint import fingerprint, fingerprint_id
+from retryd.policy.foreign import ForeignFormat, strip_foreign, to_dead_letter_fields
 from retryd.policy.oversize import DEAD_TOO_LARGE
 from retryd.replay.errors import InvalidRequest
 
@@ -49,7 +50,9 @@ class FailedRecord:
 
     ``headers`` may hold anything (see ``retryd.policy.headers.clean_headers``): nothing here
     raises on it. ``headers_error`` says why some or all of the record's headers could not be
-    read from the Kafka client (names that are not UTF-8)."""
+    read from the Kafka client (names that are not UTF-8). ``format`` says who wrote the dead
+    letter: another system's (``foreign_dead_letters``) headers are mapped onto the envelope's
+    fields (``retryd.policy.foreign``), so every reader sees one shape."""
 
     topic: str
     partition: int
@@ -59,6 +62,7 @@ class FailedRecord:
     value: bytes | None
     headers: list[tuple[str, bytes | None]] = field(default_factory=list)
     headers_error: str | None = None
+    format: ForeignFormat = ForeignFormat.RETRYD
 
     @property
     def coord(self) -> Coord:
@@ -66,7 +70,23 @@ class FailedRecord:
 
     @property
     def envelope(self) -> dict[str, str | int | None]:
-        return h.decode_lenient(self.headers)
+        if self.format is ForeignFormat.RETRYD:
+            return h.decode_lenient(self.headers)
+        return to_dead_letter_fields(self.format, self.headers, timestamp=self.timestamp).fields
+
+    @property
+    def mapping_problems(self) -> list[str]:
+        """What could not be read of a foreign dead letter's headers (empty for retryd's)."""
+        if self.format is ForeignFormat.RETRYD:
+            return []
+        found = to_dead_letter_fields(self.format, self.headers, timestamp=self.timestamp)
+        return list(found.problems)
+
+    @property
+    def kept_headers(self) -> h.Headers:
+        """The application's headers, which a replayed copy keeps: every retryd header and
+        the foreign system's dead-letter headers left out."""
+        return strip_foreign(self.format, h.user_headers(h.clean_headers(self.headers)))
 
     def text_header(self, name: str) -> str | None:
         value = self.envelope.get(name)
@@ -186,10 +206,11 @@ def render_bytes(data: bytes | None, limit: int) -> dict[str, Any]:
 
 
 def render_record(rec: FailedRecord, preview_bytes: int) -> dict[str, Any]:
-    """JSON-ready view: decoded retryd headers, user headers, key and value previews."""
+    """JSON-ready view: decoded retryd headers (a foreign dead letter's mapped onto them),
+    the headers a replay keeps, key and value previews."""
     user = [
         {"name": name, **render_bytes(value, min(preview_bytes, 4096))}
-        for name, value in h.user_headers(h.clean_headers(rec.headers))
+        for name, value in rec.kept_headers
     ]
     return {
         "topic": rec.topic,
@@ -200,6 +221,8 @@ def render_record(rec: FailedRecord, preview_bytes: int) -> dict[str, Any]:
         "retryd": rec.envelope,
         "headers": user,
         "headers_error": rec.headers_error,
+        "format": rec.format.value,
+        "mapping_problems": rec.mapping_problems,
         "key": render_bytes(rec.key, preview_bytes),
         "value": render_bytes(rec.value, preview_bytes),
     }

@@ -11,12 +11,13 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Generator
+from collections.abc import Generator, Mapping
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
 from retryd.kafka.clients import reader_config
+from retryd.policy.foreign import ForeignFormat, TopicFormat, record_format
 from retryd.policy.headers import message_headers
 from retryd.replay.clients import KAFKA, ReplayClients
 from retryd.replay.errors import BrokerUnavailable, ScanIncomplete
@@ -61,7 +62,9 @@ def partitions_of(client: Any, topic: str, timeout_s: float) -> list[int] | None
     return sorted(meta.partitions)
 
 
-def to_record(msg: Message) -> FailedRecord:
+def to_record(msg: Message, fmt: TopicFormat = ForeignFormat.RETRYD) -> FailedRecord:
+    """``msg`` as a failed record; ``fmt`` is how its topic's dead letters are read (a foreign
+    system's, or ``auto``: detected per record, see ``retryd.policy.foreign``)."""
     headers, problem = message_headers(msg)  # never raises; reads headers() once
     return FailedRecord(
         topic=msg.topic() or "",
@@ -72,11 +75,14 @@ def to_record(msg: Message) -> FailedRecord:
         value=msg.value(),
         headers=headers,
         headers_error=problem,
+        format=record_format(fmt, headers),
     )
 
 
 class TopicScanner:
-    """One consumer reading one topic by explicit assignment; not thread-safe (use a lock)."""
+    """One consumer reading one topic by explicit assignment; not thread-safe (use a lock).
+
+    ``fmt`` is how that topic's dead letters are read (``to_record(msg, scanner.fmt)``)."""
 
     def __init__(
         self,
@@ -84,8 +90,10 @@ class TopicScanner:
         topic: str,
         purpose: str = "reader",
         clients: ReplayClients = KAFKA,
+        fmt: TopicFormat = ForeignFormat.RETRYD,
     ) -> None:
         self.topic = topic
+        self.fmt: TopicFormat = fmt
         self.consumer = clients.consumer(
             reader_config(common, purpose, **{"fetch.wait.max.ms": 50})
         )
@@ -226,7 +234,9 @@ class ScannerPool:
 
     A scanner assigns its partitions explicitly for each scan, so the same consumers serve
     every topic a request may read (``acquire(topic=...)``, e.g. an error route's dead-letter
-    topic): the pool's size bounds the reads of all of them together."""
+    topic): the pool's size bounds the reads of all of them together. ``formats`` names the
+    topics whose dead letters another system wrote (``foreign_dead_letters``): a scanner of
+    one reads its records through that mapping."""
 
     def __init__(
         self,
@@ -235,8 +245,10 @@ class ScannerPool:
         purpose: str,
         size: int = 4,
         clients: ReplayClients = KAFKA,
+        formats: Mapping[str, TopicFormat] | None = None,
     ) -> None:
         self.common = common
+        self.formats: dict[str, TopicFormat] = dict(formats or {})
         self.clients = clients
         self.topic = topic
         self.purpose = purpose
@@ -249,13 +261,16 @@ class ScannerPool:
         """A scanner reading ``topic`` (default: the pool's topic)."""
         if not self._sem.acquire(timeout=timeout_s):
             raise BrokerUnavailable("all topic readers are busy; try again shortly")
+        name = topic or self.topic
+        fmt = self.formats.get(name, ForeignFormat.RETRYD)
         with self._lock:
             if self._free:
                 scanner = self._free.pop()
-                scanner.topic = topic or self.topic
+                scanner.topic = name
+                scanner.fmt = fmt
                 return scanner
         try:
-            return TopicScanner(self.common, topic or self.topic, self.purpose, self.clients)
+            return TopicScanner(self.common, name, self.purpose, self.clients, fmt)
         except Exception:
             self._sem.release()
             raise

@@ -20,12 +20,14 @@ from retryd.replay.scan import partitions_of
 
 def reserved_topics(settings: Settings) -> dict[str, str]:
     """retryd's own topics, never a replay target whatever the allow-list says: a copy in a
-    named dead-letter topic (an error route's ``dlt:<topic>``) would be dead on arrival, like
-    one in ``failed_topic``."""
+    named dead-letter topic (an error route's ``dlt:<topic>``, or another system's in
+    ``foreign_dead_letters``) would be dead on arrival, like one in ``failed_topic``."""
     plan = settings.plan
     reserved = {tier: "a retry tier of this deployment" for tier in plan.tier_topics}
     for dlt in plan.dlt_topics:
         reserved[dlt] = "a dead-letter topic of an error route (dlt:)"
+    for topic in settings.foreign_dead_letters:
+        reserved[topic] = "another system's dead-letter topic (foreign_dead_letters)"
     reserved[settings.failed_topic] = "this deployment's failed_topic"
     reserved[settings.ledger_topic] = "the replay ledger"
     return reserved
