@@ -33,6 +33,7 @@ from retryd.replay.scan import ScannerPool
 from retryd.replay.sources import dead_letter_topics, foreign_formats
 from retryd.replay.targets import reserved_topics
 from retryd.runtime.paths import metrics_dir
+from retryd.tracing import tracing_from_env
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,7 @@ class Sidecar:
             clients=clients,
         )
         self.ceiling = SharedRateLimit(settings.replay_max_per_second)
+        self.tracing = tracing_from_env()  # replayed copies' traces (OTEL_* variables)
         self.replayer = Replayer(
             self.common,
             self.ledger,
@@ -87,6 +89,7 @@ class Sidecar:
             timeout_s=self.timeout_s,
             delivery_timeout_s=self.delivery_timeout_s,
             ceiling=self.ceiling,
+            tracing=self.tracing,
         )
         self.jobs = JobManager(self._new_job)
         # error routes' dead-letter topics, then foreign ones: backlog and replays measured alike
@@ -124,11 +127,19 @@ class Sidecar:
             timeout_s=self.timeout_s,
             delivery_timeout_s=self.delivery_timeout_s,
             ceiling=self.ceiling,
+            tracing=self.tracing,
             formats=self.pool.formats,
         )
 
     def start(self) -> None:
         self.lag.start()
+
+    def _end_tracing(self) -> None:
+        """Export the replay spans still buffered (bounded by the exporter's timeouts)."""
+        try:
+            self.tracing.shutdown()
+        except Exception as exc:  # traces must never change how the sidecar ends
+            log.warning("could not flush traces at shutdown: %s", exc)
 
     def close(self) -> None:
         """Stop in the order of the module docstring."""
@@ -138,6 +149,7 @@ class Sidecar:
         self.ledger_tail.close()
         self.pool.close()
         self.policy.close()
+        self._end_tracing()
         if still_running or replays_left:
             # Beyond every delivery bound: a bug. Leave the ledger producer to the process
             # exit rather than close it under a writer.

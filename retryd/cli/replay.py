@@ -76,6 +76,7 @@ def replay(
     from retryd.replay.replayer import TargetPolicy
     from retryd.replay.sources import foreign_formats, source_topic
     from retryd.replay.targets import reserved_topics
+    from retryd.tracing import tracing_from_env
 
     settings = settings_or_exit(
         config,
@@ -107,6 +108,7 @@ def replay(
         delivery_timeout_s=DELIVERY_TIMEOUT_S,
     )
     policy = TargetPolicy(common, allowed_targets(settings), reserved=reserved_topics(settings))
+    tracing = tracing_from_env()  # replayed copies' traces (OTEL_* variables)
     try:
         if target is not None:
             policy.require_allowed(target)
@@ -139,6 +141,7 @@ def replay(
             by="cli",
             delivery_timeout_s=DELIVERY_TIMEOUT_S,
             formats=foreign_formats(settings),
+            tracing=tracing,
         )
         snap = _run_with_progress(job, console, quiet=as_json)
     except RetrydError as exc:
@@ -147,6 +150,7 @@ def replay(
     finally:
         policy.close()
         ledger.close()
+        tracing.shutdown()
     if as_json:
         typer.echo(json.dumps(snap, sort_keys=True))
     else:

@@ -30,10 +30,13 @@ class Message:
         "_fields",
         "_hdrs",
         "_raw",
+        "_trace",  # the call's trace when tracing is on (retryd.tracing); never set otherwise
         "offset",
         "partition",
         "topic",
     )
+
+    _trace: Any  # retryd.tracing.context.AttemptTrace, set by a traced call only
 
     def __init__(
         self,

@@ -14,6 +14,8 @@ Request
   header is absent when the key is null).
 * ``X-Retryd-Retry-Number``: retries scheduled so far (0 on a main topic).
 * ``X-Retryd-Original-Topic``: where the message first entered retryd.
+* ``traceparent`` (and ``tracestate`` when there is one): the call's span, when tracing is on
+  (``retryd.tracing``); the record's own trace headers still travel as ``X-Kafka-*``.
 
 Every HTTP header value retryd sends is printable ASCII, whatever the record carries: values
 that are not (a hostile ``retryd_original_topic``, say) are percent-encoded, so no record can
@@ -184,6 +186,11 @@ def request_headers(message: Message) -> list[tuple[str, str]]:
     if message.value is None:
         headers.append((VALUE_NULL, "true"))
     headers.extend(encode_kafka_headers(message.headers))
+    attempt = getattr(message, "_trace", None)  # set only when tracing is on
+    if attempt is not None:
+        headers.append(("traceparent", attempt.traceparent))
+        if attempt.tracestate:
+            headers.append(("tracestate", attempt.tracestate))
     return headers
 
 

@@ -19,6 +19,7 @@ from retryd.kafka.clients import producer_config
 from retryd.policy.headers import replay_headers
 from retryd.replay.ledger import LedgerEntry, ReplayLedger
 from retryd.replay.records import FailedRecord
+from retryd.tracing import NO_TRACING, Tracing
 
 log = logging.getLogger(__name__)
 
@@ -62,15 +63,20 @@ def who() -> str:
 
 
 def replay_copy_kwargs(
-    rec: FailedRecord, target: str, partition_count: int, replay_id: str
+    rec: FailedRecord,
+    target: str,
+    partition_count: int,
+    replay_id: str,
+    tracing: Tracing = NO_TRACING,
 ) -> dict[str, Any]:
     """``Producer.produce`` arguments of a replayed copy: key and value as they were, a fresh
-    retry sequence, the replay headers, the source's partition number where the target has it."""
+    retry sequence, the replay headers, the source's partition number where the target has it.
+    With tracing on, a fresh ``traceparent`` in the dead letter's trace (``retryd.tracing``)."""
     headers = replay_headers(rec.kept_headers, replay_id=replay_id, replayed_from=str(rec.coord))
     kwargs: dict[str, Any] = {
         "key": rec.key,
         "value": rec.value,
-        "headers": headers,
+        "headers": tracing.replay_headers(headers, target) if tracing.enabled else headers,
     }
     part = target_partition(rec, target, partition_count)
     if part is not None:
@@ -91,6 +97,7 @@ def send_replay_copy(
     on_done: Callable[[str | None], None],
     idle: Callable[[float], None],
     on_recorded: Callable[[LedgerEntry], None] | None = None,
+    tracing: Tracing = NO_TRACING,
 ) -> None:
     """Produce one replayed copy asynchronously and, once the broker acknowledged it, record it in
     the ledger. ``on_done`` runs exactly once: None when both are acknowledged, else why not;
@@ -122,7 +129,7 @@ def send_replay_copy(
         written.append(entry)
         ledger.record_async(rec.coord, entry, ledger_done)
 
-    kwargs = replay_copy_kwargs(rec, target, partition_count, replay_id)
+    kwargs = replay_copy_kwargs(rec, target, partition_count, replay_id, tracing)
     while True:
         try:
             producer.produce(target, on_delivery=delivered, **kwargs)

@@ -46,6 +46,7 @@ from retryd.replay.ratelimit import SharedRateLimit, TokenBucket
 from retryd.replay.records import FailedRecord
 from retryd.replay.scan import TopicScanner, to_record
 from retryd.replay.targets import TargetPolicy
+from retryd.tracing import NO_TRACING, Tracing
 
 # Re-exported for existing importers.
 __all__ = ["LEDGER_REFRESH_S", "JobProgress", "JobSpec", "ReplayJob", "TokenBucket"]
@@ -74,6 +75,7 @@ class ReplayJob:
         count_timeout_s: float = COUNT_TIMEOUT_S,
         delivery_timeout_s: float | None = None,
         ceiling: SharedRateLimit | None = None,
+        tracing: Tracing = NO_TRACING,
         formats: Mapping[str, TopicFormat] | None = None,
     ) -> None:
         """``count_timeout_s`` bounds the counting pass; ``delivery_timeout_s`` the wait for
@@ -95,6 +97,7 @@ class ReplayJob:
         # again: waiting that long leaves no outcome unknown.
         self.drain_timeout_s = 2 * effective_delivery_timeout_s(self.producer_conf) + timeout_s
         self.ceiling = ceiling
+        self.tracing = tracing  # replayed copies' traces (retryd.tracing)
         self.progress = JobProgress()
         self._lock = threading.Lock()
         self._cancel = threading.Event()
@@ -348,6 +351,7 @@ class ReplayJob:
             on_done=done,
             idle=idle,
             on_recorded=recorded,
+            tracing=self.tracing,
         )
 
     def _close_marker(self, marker: recovery.JobMarker) -> None:

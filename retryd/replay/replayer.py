@@ -36,6 +36,7 @@ from retryd.replay.ledger import LedgerEntry, LedgerError, ReplayLedger
 from retryd.replay.ratelimit import SharedRateLimit
 from retryd.replay.records import FailedRecord
 from retryd.replay.targets import TargetPolicy as TargetPolicy
+from retryd.tracing import NO_TRACING, Tracing
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +74,10 @@ class Replayer:
         timeout_s: float = 10.0,
         delivery_timeout_s: float | None = None,
         ceiling: SharedRateLimit | None = None,
+        tracing: Tracing = NO_TRACING,
     ) -> None:
         self.common = common
+        self.tracing = tracing  # a replayed copy's trace (retryd.tracing)
         self.ledger = ledger
         self.policy = policy
         self.by_prefix = by
@@ -201,7 +204,7 @@ class Replayer:
     ) -> tuple[int, int]:
         producer = self._get_producer()
         result: list[tuple[KafkaError | None, Message]] = []
-        kwargs = replay_copy_kwargs(rec, topic, count, replay_id)
+        kwargs = replay_copy_kwargs(rec, topic, count, replay_id, self.tracing)
         kwargs["on_delivery"] = lambda err, msg: result.append((err, msg))
         try:
             producer.produce(topic, **kwargs)

@@ -30,6 +30,7 @@ from retryd.policy.circuit import Breaker
 from retryd.policy.routing import RoutePlanner
 from retryd.runtime.circuit_control import CommandReader
 from retryd.runtime.heartbeat import HeartbeatWriter
+from retryd.tracing import NO_TRACING, Tracing, tracing_from_env
 from retryd.worker.book import ConsumerLike, PartitionBook
 from retryd.worker.circuit import Circuit
 from retryd.worker.clients import (
@@ -87,6 +88,7 @@ class WorkerParts:
     heartbeat: HeartbeatWriter
     drain_grace_s: float
     strict: StrictOrder | None = None  # key_order = strict
+    tracing: Tracing = NO_TRACING  # shut down (its spans flushed) when the run ends
 
 
 def topics_for_role(settings: Settings, role: Role) -> list[str]:
@@ -110,9 +112,13 @@ def build_worker(
     drain_grace_s: float = 1.0,
     instance: int = 0,
     reader_factory: ConsumerFactory | None = None,
+    tracing: Tracing | None = None,
 ) -> Worker:
     """The worker for ``settings`` and ``handler``, with every part built and connected.
-    ``instance`` is the process slot (``--processes``): part of the transactional id."""
+    ``instance`` is the process slot (``--processes``): part of the transactional id.
+    ``tracing`` defaults to what the OTEL_* variables ask for (``retryd.tracing``)."""
+    if tracing is None:
+        tracing = tracing_from_env()
     role = role or settings.role
     topics = topics_for_role(settings, role)
     if not topics:
@@ -174,6 +180,7 @@ def build_worker(
         planner.terminal,
         quick,
     )
+    handler = tracing.wrap(handler, settings.group_id)  # itself when tracing is off
     pool = _pool(settings, handler, scheduler, lifecycle, events)
     router = Router(producer, counts)
     circuit = Circuit(
@@ -204,6 +211,7 @@ def build_worker(
         circuit,
         exactly_once=settings.exactly_once,
         strict=strict,
+        tracing=tracing,
     )
     intake = Intake(book, plan, settings.group_id, settings.ordering, settler, faults, strict)
     return Worker(
@@ -229,6 +237,7 @@ def build_worker(
             heartbeat=heartbeat,
             drain_grace_s=drain_grace_s,
             strict=strict,
+            tracing=tracing,
         )
     )
 

@@ -355,6 +355,14 @@ class Worker:
             self._heartbeat.remove()
             self.events.paused({})
             self.events.inflight(0)
+            self._end_tracing()
+
+    def _end_tracing(self) -> None:
+        """Export the spans still buffered (bounded by the exporter's own timeouts)."""
+        try:
+            self.parts.tracing.shutdown()
+        except Exception as exc:  # traces must never change how a worker ends
+            log.warning("could not flush traces at shutdown: %s", exc)
 
     def _flush_stats(self, started: float | None = None) -> None:
         """Collect the slots' counts and emit what this batch observed. Also called once at

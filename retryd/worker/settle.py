@@ -34,6 +34,7 @@ from retryd.errors import DeliveryError
 from retryd.policy.classify import Outcome
 from retryd.policy.oversize import DEAD_TOO_LARGE, route_too_large
 from retryd.policy.routing import Route, RoutePlanner, route_malformed
+from retryd.tracing import NO_TRACING, Tracing
 from retryd.worker.book import PartitionBook
 from retryd.worker.circuit import Circuit
 from retryd.worker.events import BatchStats
@@ -89,8 +90,11 @@ class Settler:
         *,
         exactly_once: bool = False,
         strict: StrictOrder | None = None,
+        tracing: Tracing = NO_TRACING,
     ) -> None:
         self.planner = planner
+        self.tracing = tracing  # on: a routed copy carries the trace of the call that failed
+        self._traced = tracing.enabled
         self.strict = strict  # key_order = strict (retryd.worker.strict)
         self.circuit = circuit
         self._answered_fed = 0  # stats.answered already told to the circuit
@@ -132,6 +136,8 @@ class Settler:
                     self._strict_success(w)  # its chain entry goes before it settles
                     continue
             route = self._plan(w, now_ms)
+            if self._traced:
+                self.tracing.stamp(w.msg, route)
             if circuit.hold(w, now_ms, route.dead_reason):
                 continue  # an outage: the record stays in place and runs again
             if route.is_dead:
