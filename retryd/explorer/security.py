@@ -36,18 +36,21 @@ def is_ui(path: str) -> bool:
 
 
 def same_origin(headers: Mapping[str, str], scheme: str) -> bool:
-    """False when the browser says the request comes from another site: ``Sec-Fetch-Site``
-    other than same-origin/none, or an ``Origin`` (``null`` included) that is not this
-    sidecar's ``scheme://Host``. Clients that send neither (curl, test clients) pass: the CSRF
-    token is still required of them."""
+    """False when the browser says the request comes from another site.
+
+    ``Sec-Fetch-Site`` decides when present (same-origin or none pass). Otherwise an ``Origin``
+    must be this sidecar's ``scheme://Host``; ``Origin: null`` is what browsers send for every
+    form POST of a page with ``Referrer-Policy: no-referrer`` (ours), so it tells nothing and
+    passes, as do clients that send neither header (curl, test clients): the CSRF token and
+    the SameSite=Strict cookie are still required of all of them."""
     site = headers.get("sec-fetch-site")
-    if site is not None and site.lower() not in ("same-origin", "none"):
-        return False
+    if site is not None:
+        return site.lower() in ("same-origin", "none")
     origin = headers.get("origin")
-    if origin is None:
+    if origin is None or origin == "null":
         return True
     host = headers.get("host")
-    if not host or origin == "null":
+    if not host:
         return False
     parts = urlsplit(origin)
     if parts.path not in ("", "/") or parts.query or parts.fragment:
