@@ -15,6 +15,12 @@ table of that broker in ``BENCHMARKS.md``.
 
 ``routing`` measures default routing and routing with ``exactly_once`` in the same run, on the
 same topic, after the same raw loop: three rows (each vs raw, and exactly-once vs default).
+
+``tracing`` runs the success path three ways on one topic, in an order that turns with each
+repeat: the source tree before tracing existed (``--before``, a copy of that revision), this
+one with tracing off (the OTEL_* variables unset: the extra installed but not configured), and
+this one with tracing on (OTLP/HTTP to a local receiver that accepts and discards): two rows,
+off vs before (the cost of tracing being there) and on vs before (for information).
 """
 
 from __future__ import annotations
@@ -182,6 +188,72 @@ def routing(run: Run, n: int, turn: int = 0) -> dict:
         "eos_ratio": eos["msgs_per_s"] / raw["msgs_per_s"],
         "eos_vs_default": eos["msgs_per_s"] / default["msgs_per_s"],
     }
+
+
+class _Sink:
+    """A local OTLP/HTTP receiver that answers every export with an empty success."""
+
+    def __enter__(self) -> str:
+        import http.server
+        import threading
+
+        sink = self
+        self.exports = 0
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                sink.exports += 1
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _source_tree(rev: str, into: Path) -> Path:
+    """A copy of the repository at ``rev`` (``git archive``: the working tree is untouched)."""
+    into.mkdir(parents=True, exist_ok=True)
+    archive = subprocess.run(
+        ["git", "archive", rev], cwd=ROOT, check=True, capture_output=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into
+
+
+def tracing_cost(run: Run, n: int, turn: int, before: Path, after: Path) -> dict:
+    """Success path from the tree before tracing, with tracing off and on: one topic, fresh
+    groups, the order turning with ``turn`` so no mode always runs first."""
+    modes = ["before", "off", "on"]
+    modes = modes[turn % 3 :] + modes[: turn % 3]
+    out: dict[str, Any] = {"order": modes}
+    sink = _Sink()
+    with h.broker(run.quick) as b, sink as endpoint:
+        topic = _main_topic(b, n, 50_000)
+        for mode in modes:
+            env = {}
+            if mode == "on":
+                env = {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_SERVICE_NAME": "bench"}
+            cli = run.cli(b, topic, "python:bench.handlers:noop", **env)
+            cli.root = before if mode == "before" else after
+            if mode == modes[0]:
+                cli.topics_create()
+            out[mode] = _throughput(run, cli, topic, "success", n)
+            if mode == "on":
+                out["on"]["exports"] = sink.exports  # OTLP requests received: spans went out
+    out["off_vs_before"] = out["off"]["msgs_per_s"] / out["before"]["msgs_per_s"]
+    out["on_vs_before"] = out["on"]["msgs_per_s"] / out["before"]["msgs_per_s"]
+    return out
 
 
 def _concurrent(run: Run, n: int, handler: Callable[[int], str]) -> dict:
@@ -395,6 +467,20 @@ TARGETS: dict[str, tuple[str, str, str, str, float | None]] = {
         ">=",
         1.7,
     ),
+    "tracing_off": (
+        "tracing",
+        "success path, tracing off (extra installed, OTEL_* unset) vs before tracing (same run)",
+        "off_vs_before",
+        ">=",
+        None,
+    ),
+    "tracing_on": (
+        "tracing",
+        "success path, tracing on (every call a span, OTLP/HTTP) vs before tracing (same run)",
+        "on_vs_before",
+        ">=",
+        None,
+    ),
 }
 
 
@@ -513,7 +599,27 @@ SCENARIOS = (
     "lateness_jitter",
     "memory",
     "scale",
+    "tracing",
 )
+
+
+def _trees(before: str | None, after: str | None, scratch: Path) -> tuple[Path, Path]:
+    """Source trees for the tracing scenario: ``before`` (default: the parent of the commit
+    that added ``retryd/tracing``) and ``after`` (default: this working tree)."""
+    if before is None:
+        added = subprocess.run(
+            ["git", "log", "--diff-filter=A", "--format=%H", "--", "retryd/tracing/__init__.py"],
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.split()
+        if not added:
+            raise SystemExit("tracing: no commit adds retryd/tracing; name one with --before")
+        before = f"{added[-1]}~1"
+    old = _source_tree(before, scratch / "before")
+    new = _source_tree(after, scratch / "after") if after else ROOT
+    return old, new
 
 
 def main() -> None:
@@ -523,6 +629,14 @@ def main() -> None:
     ap.add_argument("--only", default=",".join(SCENARIOS))
     ap.add_argument("--messages", type=int, help="N for success/routing (default 500000)")
     ap.add_argument("--no-write", action="store_true", help="print only; keep result files")
+    ap.add_argument(
+        "--before",
+        default=None,
+        help="tracing: the revision to compare with (default: the one before retryd/tracing)",
+    )
+    ap.add_argument(
+        "--after", default=None, help="tracing: the revision measured (default: the working tree)"
+    )
     ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -547,6 +661,9 @@ def main() -> None:
     results: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory(prefix="retryd-bench-") as scratch:
         run = Run(quick, Path(scratch))
+        trees: tuple[Path, Path] | None = None
+        if "tracing" in wanted:
+            trees = _trees(args.before, args.after, Path(scratch))
         for i in range(repeat):
             for name in wanted:
                 print(f"[{i + 1}/{repeat}] {name}", file=sys.stderr)
@@ -564,6 +681,9 @@ def main() -> None:
                     res = lateness(run, params["n_lateness"], "2s,5s,10s, jitter=20%")
                 elif name == "scale":
                     res = scale(run, params["n_scale"])
+                elif name == "tracing":
+                    assert trees is not None
+                    res = tracing_cost(run, params["n"], i, *trees)
                 else:
                     res = memory(run, *params["mem"])
                 print(f"  {json.dumps(res)}", file=sys.stderr)

@@ -154,11 +154,12 @@ class Cli:
     group: str = field(default_factory=lambda: f"bench-{uuid.uuid4().hex[:8]}")
     extra_env: dict[str, str] = field(default_factory=dict)
     log: Path | None = None
+    root: Path = ROOT  # the source tree the worker runs from (another revision: a copy)
 
     def env(self) -> dict[str, str]:
         return {
             **os.environ,
-            "PYTHONPATH": str(ROOT),
+            "PYTHONPATH": str(self.root),
             "RETRYD_BOOTSTRAP_SERVERS": self.bootstrap,
             "RETRYD_MAIN_TOPICS": self.main_topic,
             "RETRYD_HANDLER": self.handler,
@@ -182,7 +183,7 @@ class Cli:
         return subprocess.Popen(
             [sys.executable, "-m", "retryd", "worker", *args],
             env=self.env(),
-            cwd=ROOT,
+            cwd=self.root,
             stdout=out,
             stderr=subprocess.STDOUT,
         )
