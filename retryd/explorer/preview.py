@@ -200,6 +200,7 @@ def decoded(envelope: dict[str, str | int | None]) -> list[tuple[str, str]]:
             f"offset {number(h.ORIGINAL_OFFSET) or '?'}"
         )
     fp_id, template = record_fingerprint(envelope)
+    has_error = envelope.get(h.ERROR_CLASS) is not None or envelope.get(h.ERROR_MESSAGE) is not None
     rows = [
         ("Dead reason", text(h.DEAD_REASON)),
         ("Retry number", number(h.RETRY_NUMBER)),
@@ -209,7 +210,7 @@ def decoded(envelope: dict[str, str | int | None]) -> list[tuple[str, str]]:
         ("First failure", instant(envelope.get(h.FIRST_FAILURE_TIMESTAMP))),
         ("Error class", text(h.ERROR_CLASS)),
         ("Error message", text(h.ERROR_MESSAGE)),
-        ("Error fingerprint", f"{fp_id} {short(template, 300)}" if template else fp_id),
+        ("Error fingerprint", f"{fp_id} {short(template, 300)}" if has_error else ""),
         ("Error route", text(h.ROUTE)),
         ("Group", text(h.GROUP)),
     ]
