@@ -180,7 +180,9 @@ def build_worker(
         planner.terminal,
         quick,
     )
-    handler = tracing.wrap(handler, settings.group_id)  # itself when tracing is off
+    # each call a span (with quick retries, the whole in-place sequence: one span, so a record
+    # without a traceparent stays one trace); the handler itself when tracing is off
+    handler = tracing.wrap(handler, settings.group_id)
     pool = _pool(settings, handler, scheduler, lifecycle, events)
     router = Router(producer, counts)
     circuit = Circuit(

@@ -242,6 +242,27 @@ def test_spans_a_handler_makes_are_children_of_its_call(
     assert mine.context is not None and mine.context.trace_id == call.context.trace_id
 
 
+def test_quick_retries_in_place_are_one_span_of_one_trace(
+    broker: StubBroker, tmp_path: Path, traced: Callable[[], tuple[SpanTracing, Any]]
+) -> None:
+    tracing, exporter = traced()
+    attempts: list[int] = []
+
+    def handler(m: Message) -> None:
+        attempts.append(1)
+        if len(attempts) == 1:
+            raise ValueError("a blip")
+
+    broker.create(MAIN, 1)
+    broker.append(MAIN, b"k", b"v", partition=0)
+    worker(broker, tmp_path, handler, tracing, sequence="50ms, quick=1@10ms").run(
+        until_drained=True
+    )
+    assert len(attempts) == 2 and not broker.records(TIER)
+    (call,) = calls(list(exporter.get_finished_spans()))
+    assert (call.attributes or {})["retryd.outcome"] == "success"
+
+
 def test_an_http_request_carries_the_calls_traceparent() -> None:
     tracing = SpanTracing(TracerProvider())
     message = Message(b"k", b"v", [("traceparent", PRODUCER_PARENT.encode())], topic=MAIN)
