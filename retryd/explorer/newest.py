@@ -105,7 +105,7 @@ def browse_newest(
                 found: dict[int, list[tuple[int, int, dict[str, Any]]]] = {p: [] for p in need}
                 for msg in scanner.scan(start, stop, timeout_s=timeout_s * 3):
                     scanned += 1
-                    rec = to_record(msg)
+                    rec = to_record(msg, scanner.fmt)
                     if flt.matches(rec):
                         found[rec.partition].append(
                             (rec.timestamp, rec.offset, render_record(rec, preview_bytes))

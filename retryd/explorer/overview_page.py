@@ -58,7 +58,7 @@ def scan_topic(sc: Sidecar, topic: str, scan_max: int) -> TopicView:
         complete = all(start[p] == bounds[p][0] for p in parts)
         ledger = sc.ready_ledger()
         for msg in scanner.scan(start, stop, timeout_s=SCAN_TIME_S, partial_ok=True):
-            rec = to_record(msg)
+            rec = to_record(msg, scanner.fmt)
             tally.add(rec.envelope, rec.timestamp, ledger.is_replayed(rec.coord))
         complete = complete and scanner.last_scan_complete
     except ReplayError as exc:

@@ -13,10 +13,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from retryd.policy.headers import REPLAY_ID, REPLAYED_FROM
 from tests.integration.sidecar_support import (
+    TOKEN,
     Env,
     SidecarProcess,
     pretty,
@@ -24,7 +27,7 @@ from tests.integration.sidecar_support import (
     seed,
     wait_job,
 )
-from tests.support import create_topics, read_topic, unique
+from tests.support import create_topics, read_topic, unique, wait_for
 
 Headers = list[tuple[str, bytes | None]]
 NOT_ALLOWED = "elsewhere"  # an original topic retryd does not own (not in the allow-list)
@@ -330,3 +333,34 @@ def test_spark_report_and_replay_read_every_format(
     (copy,) = read_topic(bootstrap, orders, expect=1)
     assert copy.partition == 1 and copy.key == b"1"
     assert_clean_copy(copy.headers, f"{topics['connect']}/0/1", b"c1")
+
+
+def test_explorer_and_backlog_show_the_foreign_topics(
+    world: World, sidecar: SidecarProcess
+) -> None:
+    """The explorer reads them through the same mapping; the backlog has a series each."""
+    with httpx.Client(base_url=sidecar.url, timeout=60, follow_redirects=False) as ui:
+        signed = ui.post("/ui/login", data={"token": TOKEN, "next": "/ui/"})
+        assert signed.status_code == 303, signed.text
+        overview = ui.get("/ui/")
+        assert overview.status_code == 200
+        assert all(topic in overview.text for topic in world.topics.values())
+        page = ui.get("/ui/dead-letters", params={"topic": world.topics["spring"]})
+        assert page.status_code == 200, page.text[-800:]
+        assert "java.lang.IllegalStateException" in page.text
+        assert world.env.main in page.text
+
+    def backlog() -> dict[str, float] | None:
+        text = httpx.get(sidecar.url + "/metrics", timeout=10).text
+        found = {
+            s.labels["topic"]: s.value
+            for family in text_string_to_metric_families(text)
+            if family.name == "retryd_failed_backlog"
+            for s in family.samples
+        }
+        wanted = {*world.topics.values(), world.mixed}
+        return found if wanted <= set(found) else None
+
+    found = wait_for(backlog, 30, 0.2, "a backlog series per foreign topic")
+    assert all(found[t] == 4 for t in world.topics.values()), found
+    assert found[world.mixed] == 3
