@@ -24,6 +24,7 @@ from retryd.policy.timespec import TimeWindow, parse_window
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from retryd.config import Settings
     from retryd.pipeline.archive import ArchiveSpec
 
 spark_app = typer.Typer(
@@ -296,6 +297,17 @@ def _archive_continuously(
     console.print_json(json.dumps({"batches": len(result.batches), "records": result.records}))
 
 
+def _dead_letter_topic(settings: Settings, topic: str | None) -> str:
+    """``--topic``: failed_topic, a route's dlt: topic or a foreign one; exit 2 otherwise."""
+    from retryd.replay.sources import source_topic
+
+    try:
+        return source_topic(settings, topic)
+    except RetrydError as exc:
+        typer.echo(f"retryd: --topic: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+
 @spark_app.command()
 def replay(
     config: Path | None = ConfigOption,
@@ -326,19 +338,19 @@ def replay(
     )
     conf, src = _parse_conf(spark_conf), _source(source)
     window = _window(since, until)
+    dead_topic = _dead_letter_topic(settings, topic)  # checked before Spark starts
     console = Console()
     with _job_errors(), spark_session(master, conf, console) as spark:
         from retryd.pipeline.progress import JobProgress
         from retryd.pipeline.replay import ReplaySpec, print_summary, run_replay
-        from retryd.replay.sources import source_topic, topic_format
+        from retryd.replay.sources import topic_format
         from retryd.replay.targets import reserved_topics
 
-        source = source_topic(settings, topic)
         spec = ReplaySpec(
             kafka_conf=settings.kafka_common(),
             failed_topic=settings.failed_topic,
-            topic=source,
-            foreign=str(topic_format(settings, source)),
+            topic=dead_topic,
+            foreign=str(topic_format(settings, dead_topic)),
             ledger_topic=settings.ledger_topic,
             allowlist=tuple(settings.replay_allowlist or settings.main_topics),
             reserved=tuple(reserved_topics(settings).items()),

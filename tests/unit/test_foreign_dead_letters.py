@@ -366,3 +366,60 @@ def test_replayed_copy_of_a_foreign_record_is_clean() -> None:
     assert kw["partition"] == 3  # the original partition, as for retryd's dead letters
     assert (kw["key"], kw["value"]) == (b"k", b"v")
     assert dict(kw["headers"])[h.REPLAYED_FROM] == b"orders.DLT/0/9"
+
+
+CLI_ENV = {
+    "RETRYD_MAIN_TOPICS": "orders",
+    "RETRYD_FAILED_TOPIC": "orders.failed",
+    "RETRYD_FOREIGN_DEAD_LETTERS": "orders.DLT=spring",
+    # nothing below reaches Kafka or starts Spark: every case exits on its arguments first
+    "RETRYD_BOOTSTRAP_SERVERS": "127.0.0.1:1",
+}
+
+
+@pytest.mark.parametrize("command", [["replay"], ["spark", "replay", "--dry-run"]])
+def test_clis_name_the_foreign_topics_when_refusing_one(command: list[str]) -> None:
+    from typer.testing import CliRunner
+
+    from retryd.cli import app
+
+    bad = CliRunner().invoke(app, [*command, "--topic", "orders"], env=CLI_ENV)
+    assert bad.exit_code == 2, bad.output
+    assert "not a dead-letter topic" in bad.output and "orders.failed, orders.DLT" in bad.output
+
+
+def test_pipeline_columns_of_foreign_rows_are_mapped() -> None:
+    """What Spark sees (``retryd.pipeline.foreign.map_batch``, run by ``mapInArrow``): the
+    mapped columns of a foreign topic's rows, ``auto`` per row, other topics untouched."""
+    pytest.importorskip("pyarrow")
+    from retryd.pipeline.columns import Record, build_batch
+    from retryd.pipeline.foreign import map_batch
+
+    rows = [
+        Record("orders.DLT", 0, 0, (1, 1_700_000_100_000), b"k", b"v", spring_headers()),
+        Record("failed_topic", 0, 1, (1, 1), None, None, [(h.ORIGINAL_TOPIC, b"payments")]),
+        Record("dlq.mixed", 0, 2, (1, 1_650_000_000_000), None, None, CONNECT),
+        Record("dlq.mixed", 0, 3, (1, 5), None, None, [("plain", b"x"), (h.ERROR_CLASS, b"E")]),
+        Record("dlq.mixed", 0, 4, (1, 5), None, None, [("__dlq.errors.offset", b"\xff")]),
+    ]
+    batch = build_batch(rows)
+    out = map_batch(batch, {"orders.DLT": "spring", "dlq.mixed": "auto"})
+    assert out.schema == batch.schema
+    got = out.select(
+        ["original_topic", "original_partition", "original_offset", "error_class", "dead_reason"]
+    ).to_pylist()
+    assert got[0] == {
+        "original_topic": "orders",
+        "original_partition": 3,
+        "original_offset": 4_294_967_301,
+        "error_class": "java.lang.IllegalStateException",
+        "dead_reason": None,
+    }
+    assert got[1]["original_topic"] == "payments"  # retryd's own: as the reader parsed it
+    assert got[2]["original_topic"] == "clicks" and got[2]["dead_reason"] == "malformed"
+    assert got[3]["error_class"] == "E"  # auto, nothing foreign: retryd's headers as parsed
+    assert got[4]["original_offset"] is None  # hostile: auto finds no format (no topic header)
+    stamps = out.column("original_timestamp").cast("int64").to_pylist()
+    assert stamps[0] == 1_700_000_000_123_000 and stamps[2] == 1_650_000_000_000_000  # µs
+    plain = build_batch(rows[1:2])
+    assert map_batch(plain, {"orders.DLT": "spring"}) is plain  # no foreign row: untouched
