@@ -33,7 +33,7 @@ from confluent_kafka import Producer
 from retryd.config.settings import Settings
 from retryd.policy.headers import Envelope, routed_headers
 from tests.integration.sidecar_support import REPO, TOKEN, Env, SidecarProcess
-from tests.support import produce, unique
+from tests.support import unique
 
 READ_TOKEN = "explorer-read-token-0123456789abcdef-xyz"
 REPLAY_TOKEN = TOKEN  # RETRYD_API_TOKEN: replay scope
@@ -97,10 +97,29 @@ def dead_letter(
     return routed_headers(user or [], env)
 
 
-def realistic(env: Env, n: int = 12) -> list[tuple[bytes | None, bytes | None, list]]:
-    """Dead letters as a checkout deployment has them: orders that timed out calling the
-    payment service, bad payloads, a few non-retryable refusals."""
-    out: list[tuple[bytes | None, bytes | None, list]] = []
+@dataclass
+class DeadLetter:
+    """One seeded dead letter: what it carries, when it was dead-lettered (Kafka timestamp),
+    and where it landed."""
+
+    name: str
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes | None]]
+    timestamp_ms: int = 0  # 0: the producer's clock
+    partition: int = -1
+    offset: int = -1
+
+    @property
+    def coordinates(self) -> tuple[int, int]:
+        return self.partition, self.offset
+
+
+def realistic(env: Env, n: int = 12) -> list[DeadLetter]:
+    """Dead letters as a checkout deployment has them over a day: a burst of payment-service
+    timeouts two hours ago, inventory 503s and bad payloads spread over the day, a few
+    refused orders. Oldest first, as they were written."""
+    now = int(time.time() * 1000)
     kinds = [
         ("TimeoutError", "payments-api did not answer within 5000 ms", "exhausted", env.main),
         ("HTTPError", "HTTP 503 from inventory-api for sku {i}", "exhausted", env.main),
@@ -112,8 +131,11 @@ def realistic(env: Env, n: int = 12) -> list[tuple[bytes | None, bytes | None, l
         ),
         ("JSONDecodeError", "Expecting value: line 1 column {i} (char 0)", "malformed", env.other),
     ]
+    out: list[DeadLetter] = []
     for i in range(n):
         error_class, template, reason, topic = kinds[i % len(kinds)]
+        # seconds ago: the timeouts within 30 minutes two hours ago, the rest over the day
+        age_s = 7200 + (i * 97) % 1800 if i % 4 == 0 else 300 + (i * 7919) % 86_000
         body = (
             b'{"order_id": "ord-%d", "customer": "c-%04d", "amount": %d.50, "currency": "EUR",'
             b' "items": [{"sku": "sku-%d", "qty": %d}]}'
@@ -126,26 +148,15 @@ def realistic(env: Env, n: int = 12) -> list[tuple[bytes | None, bytes | None, l
             reason=reason,
             partition=i % 2,
             offset=1000 + i,
-            age_s=3600 * (i % 5) + 60 * i,
+            age_s=age_s + 95,
             user=[("content-type", b"application/json"), ("trace-id", b"%032x" % (0xABC0 + i))],
         )
-        out.append((f"ord-{4400 + i}".encode(), body, headers))
-    return out
+        key = f"ord-{4400 + i}".encode()
+        out.append(DeadLetter(key.decode(), key, body, headers, now - age_s * 1000))
+    return sorted(out, key=lambda d: d.timestamp_ms)
 
 
-@dataclass
-class Hostile:
-    """One hostile dead letter: what it carries, and where it landed."""
-
-    name: str
-    key: bytes | None
-    value: bytes | None
-    headers: list[tuple[str, bytes | None]]
-    partition: int = -1
-    offset: int = -1
-
-
-def hostile(env: Env) -> list[Hostile]:
+def hostile(env: Env) -> list[DeadLetter]:
     """Dead letters whose keys, values and headers try to break out of the page."""
 
     def headers(**kw: Any) -> list[tuple[str, bytes | None]]:
@@ -154,9 +165,9 @@ def hostile(env: Env) -> list[Hostile]:
         return dead_letter(env.main, reason="non_retryable", **kw)
 
     return [
-        Hostile("script-key", SCRIPT.encode(), b'{"ok": true}', headers()),
-        Hostile("img-value", b"img", IMG.encode() * 3, headers()),
-        Hostile(
+        DeadLetter("script-key", SCRIPT.encode(), b'{"ok": true}', headers()),
+        DeadLetter("img-value", b"img", IMG.encode() * 3, headers()),
+        DeadLetter(
             "markup-headers",
             b"hdr",
             b"v",
@@ -164,16 +175,16 @@ def hostile(env: Env) -> list[Hostile]:
                 user=[("x-evil", SCRIPT.encode()), (IMG, SVG.encode()), ("x-rlo", RLO.encode())]
             ),
         ),
-        Hostile(
+        DeadLetter(
             "markup-error",
             b"err",
             b"v",
             headers(error_class=f"Evil{IMG}", message=f"{SCRIPT} {SVG} {RLO}"),
         ),
-        Hostile("rtl-key", RLO.encode(), RLO.encode(), headers()),
-        Hostile("one-mb", b"big", b"A" * ONE_MB, headers()),
-        Hostile("long-line", b"long", ("x" * 5000 + IMG).encode(), headers()),
-        Hostile(
+        DeadLetter("rtl-key", RLO.encode(), RLO.encode(), headers()),
+        DeadLetter("one-mb", b"big", b"A" * ONE_MB, headers()),
+        DeadLetter("long-line", b"long", ("x" * 5000 + IMG).encode(), headers()),
+        DeadLetter(
             "not-utf8",
             NOT_UTF8,
             NOT_UTF8 + b"<script>window.__pwned=1</script>" + NOT_UTF8,
@@ -182,14 +193,15 @@ def hostile(env: Env) -> list[Hostile]:
     ]
 
 
-def produce_hostile(bootstrap: str, topic: str, records: list[Hostile]) -> None:
-    """Raw confluent-kafka, one partition, messages up to just over 1 MB."""
+def produce_dead_letters(bootstrap: str, topic: str, records: list[DeadLetter]) -> None:
+    """Raw confluent-kafka (timestamps of the past, messages up to just over 1 MB); fills in
+    each record's partition and offset."""
     producer = Producer(
         {"bootstrap.servers": bootstrap, "acks": "all", "message.max.bytes": 1_048_000}
     )
     errors: list[Any] = []
 
-    def ack(rec: Hostile) -> Any:
+    def ack(rec: DeadLetter) -> Any:
         def done(err: Any, msg: Any) -> None:
             if err is not None:
                 errors.append(err)
@@ -204,7 +216,7 @@ def produce_hostile(bootstrap: str, topic: str, records: list[Hostile]) -> None:
             key=rec.key,
             value=rec.value,
             headers=rec.headers,
-            partition=0,
+            timestamp=rec.timestamp_ms,
             on_delivery=ack(rec),
         )
         producer.poll(0)
@@ -220,12 +232,15 @@ class Explorer:
 
     sidecar: SidecarProcess
     env: Env
-    realistic: list[tuple[int, int]] = field(default_factory=list)
-    hostile: list[Hostile] = field(default_factory=list)
+    realistic: list[DeadLetter] = field(default_factory=list)
+    hostile: list[DeadLetter] = field(default_factory=list)
 
     @property
     def url(self) -> str:
         return self.sidecar.url + "/ui"
+
+    def record(self, name: str) -> DeadLetter:
+        return next(d for d in self.realistic + self.hostile if d.name == name)
 
 
 def _settings_has(name: str) -> bool:
@@ -258,11 +273,12 @@ def sidecars(
         expiring.extra["RETRYD_EXPLORER_SESSION_MAX_S"] = str(SESSION_MAX_S)
 
     explorer = Explorer(SidecarProcess(main, base / "explorer.log"), main)
-    explorer.realistic = produce(bootstrap, main.failed, realistic(main))
+    explorer.realistic = realistic(main)
     explorer.hostile = hostile(main)
-    produce_hostile(bootstrap, main.failed, explorer.hostile)
+    produce_dead_letters(bootstrap, main.failed, explorer.realistic + explorer.hostile)
     showcase = Explorer(SidecarProcess(shown, base / "showcase.log"), shown)
-    showcase.realistic = produce(bootstrap, shown.failed, realistic(shown, 40))
+    showcase.realistic = realistic(shown, 40)
+    produce_dead_letters(bootstrap, shown.failed, showcase.realistic)
     expiry = Explorer(SidecarProcess(expiring, base / "expiring.log"), expiring)
 
     running = {"explorer": explorer, "showcase": showcase, "expiring": expiry}
