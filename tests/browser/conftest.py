@@ -255,7 +255,8 @@ def sidecars(
     base = tmp_path_factory.mktemp("explorer")
     tokens = {"RETRYD_API_TOKENS": f"viewer:read:{READ_TOKEN}"}
     main = Env(bootstrap, base / "state")
-    main.extra = dict(tokens)
+    # One replay a second: a job of two records runs long enough for its page to watch it.
+    main.extra = {**tokens, "RETRYD_REPLAY_MAX_PER_SECOND": "1"}
     main.create(failed_partitions=2)
     shown = Env(
         bootstrap,

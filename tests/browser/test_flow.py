@@ -53,20 +53,27 @@ def filter_by(page: Any, *, dead_reason: str, original_topic: str) -> None:
         page.click("button#apply-filters")
 
 
-def wait_done(page: Any) -> int:
-    """The job page's script updates the state until the job is done; returns its replayed
-    count as the page shows it."""
+def wait_done(page: Any, polls: list[str]) -> int:
+    """The job page's script updates the state until the job is done (``polls`` collects its
+    progress requests); returns the replayed count as the page shows it."""
+    finished_at_load = page.get_attribute("section#job", "data-finished") == "true"
     page.wait_for_function(
-        "() => ['done', 'completed'].includes("
-        "document.querySelector('#job-state')?.textContent.trim())",
+        "() => document.querySelector('#job-state').textContent.trim() === 'done'",
         timeout=30_000,
     )
+    if not finished_at_load:  # the script watched it: polled, then hid the cancel button
+        assert polls, "the job page never asked for progress"
+        assert page.get_attribute("section#job", "data-finished") == "true"
+        assert not page.is_visible("button#cancel-job-button")
+    assert number(page.inner_text("#job-errors")) == 0
     return number(page.inner_text("#job-replayed"))
 
 
 def test_filter_open_dry_run_replay_and_watch(explorer: Explorer, tab: Tab) -> None:
     env = explorer.env
     page = tab.page
+    polls: list[str] = []
+    page.on("response", lambda r: polls.append(r.url) if r.url.endswith("/progress") else None)
     sign_in(page, explorer.url, REPLAY_TOKEN)
     assert reason_count(page, REASON) == 3
     total_before = waiting(page)
@@ -89,7 +96,7 @@ def test_filter_open_dry_run_replay_and_watch(explorer: Explorer, tab: Tab) -> N
     with page.expect_navigation():
         page.click("button#confirm-replay-button")
     assert re.search(r"/ui/jobs/[\w-]+$", page.url), page.url
-    assert wait_done(page) == 1
+    assert wait_done(page, polls) == 1
     assert len(read_topic(explorer.sidecar.deployment.bootstrap, env.other, expect=1)) == 1
 
     # Everything the filter matches: the dry run counts what a replay would do, and skips the
@@ -101,9 +108,15 @@ def test_filter_open_dry_run_replay_and_watch(explorer: Explorer, tab: Tab) -> N
     assert number(page.inner_text("#dry-run-count")) == 2
     assert "3 matched, 1 skipped" in page.inner_text("section#dry-run")
     assert page.locator("table#dry-run-sample tr.sample").count() >= 2
-    with page.expect_navigation():
+    polls.clear()
+    with page.expect_navigation() as nav:
         page.click("button#confirm-replay-button")
-    assert wait_done(page) == 2
+    # At one replay a second the job is still running when its page is rendered: the page
+    # then watches it finish.
+    at_load = re.search(r'id="job-state"[^>]*>([^<]*)<', nav.value.text())
+    assert at_load and at_load.group(1).strip() != "done", at_load
+    assert wait_done(page, polls) == 2
+    assert polls, "the job page never asked for progress"
     copies = read_topic(explorer.sidecar.deployment.bootstrap, env.other, expect=3)
     assert sorted(c.key for c in copies) == [b"ord-4403", b"ord-4407", b"ord-4411"]
 

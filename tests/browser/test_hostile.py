@@ -108,12 +108,24 @@ def test_hostile_records_opened_inert(explorer: Explorer, open_tab: Any) -> None
             assert str(ONE_MB) in size, size
             assert len(payload) < ONE_MB // 4
         if rec.name == "not-utf8":
+            assert "c3 28 a0 a1" in page.inner_text("#record-key"), "key not shown as hex"
             assert "c3 28 a0 a1" in headers_text.replace("\n", " "), headers_text
             # x-bin: all 256 byte values, shown as hex
             assert "00 01 02 03" in headers_text, headers_text
     tab.guard.assert_inert(page)
     # The copy-as-curl block never holds the real token.
     assert REPLAY_TOKEN not in page.content()
+
+    # The widest of them on a phone: long unbroken text wraps, tables scroll in their box.
+    phone: Tab = open_tab(PHONE, bypass_csp=True)
+    sign_in(phone.page, explorer.url, REPLAY_TOKEN)
+    for name in ("long-line", "one-mb", "markup-headers", "not-utf8"):
+        rec = explorer.record(name)
+        phone.page.goto(record_url(explorer, rec.partition, rec.offset))
+        assert phone.page.is_visible("section#record"), name
+        assert layout_fits(phone.page), f"the page of {name} is wider than a phone"
+        assert_no_markup(phone.page, name)
+    phone.guard.assert_inert(phone.page)
 
 
 def test_the_guard_sees_injected_markup(explorer: Explorer, open_tab: Any) -> None:

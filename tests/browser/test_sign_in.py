@@ -107,6 +107,10 @@ def test_session_cookie_flags_headers_and_sign_out(explorer: Explorer, tab: Tab)
     assert "/ui/login" in page.url
     page.goto(explorer.url + "/dead-letters")
     assert "/ui/login" in page.url and page.is_visible("form#login")
+    # Signing out ended the session on the server: the old cookie, put back, opens nothing.
+    page.context.add_cookies([cookie])
+    page.goto(explorer.url + "/dead-letters")
+    assert "/ui/login" in page.url and page.is_visible("form#login")
 
 
 def test_read_only_token_browses_but_cannot_act(explorer: Explorer, tab: Tab) -> None:
