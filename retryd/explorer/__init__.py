@@ -13,10 +13,12 @@ from retryd.config import Settings
 def install(app: FastAPI, settings: Settings, sidecar: Sidecar, credentials: Credentials) -> None:
     """Add the explorer's routes and state to the sidecar's app (its headers middleware is
     ``retryd.explorer.web.UiHeadersMiddleware``, added by ``create_app``)."""
-    from retryd.explorer import acting, overview_page, routes
+    from retryd.explorer.acting import router as acting_router
+    from retryd.explorer.overview_page import router as overview_router
+    from retryd.explorer.routes import router as pages_router
     from retryd.explorer.web import Explorer
 
     app.state.explorer = Explorer(settings, sidecar, credentials)
-    app.include_router(overview_page.router)
-    app.include_router(routes.router)
-    app.include_router(acting.router)
+    app.include_router(overview_router)
+    app.include_router(pages_router)
+    app.include_router(acting_router)

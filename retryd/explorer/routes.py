@@ -266,8 +266,8 @@ async def browse_page(
         )
     uf = UiFilter(**{**uf.__dict__, "topic": topic})
 
-    def work() -> NewestPage:
-        return browse_newest(
+    def work() -> tuple[NewestPage, set[str]]:
+        page = browse_newest(
             sc.pool,
             flt,
             cursor=cursor,
@@ -276,9 +276,12 @@ async def browse_page(
             timeout_s=sc.timeout_s,
             topic=topic,
         )
+        ledger = sc.ready_ledger()
+        replayed = {i["coordinate"] for i in page.items if ledger.get(i["coordinate"])}
+        return page, replayed
 
     try:
-        page = await offload(request, work)
+        page, replayed = await offload(request, work)
     except ReplayError as exc:
         status = next((code for cls, code, _ in STATUS if isinstance(exc, cls)), 400)
         return ex.render(
@@ -298,7 +301,9 @@ async def browse_page(
         session,
         f=uf,
         filter_fields=uf.items(),
-        rows=[_row(item, topic) for item in page.items],
+        rows=[
+            {**_row(item, topic), "replayed": item["coordinate"] in replayed} for item in page.items
+        ],
         next_href="/ui/dead-letters?" + uf.query(cursor=page.next_cursor),
         first_href="/ui/dead-letters?" + uf.query(),
         **{**context, "page": page},

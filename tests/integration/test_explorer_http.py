@@ -299,6 +299,14 @@ def test_replay_one_and_selected(sidecar: SidecarProcess, deployment: Env) -> No
         assert again.status_code == 409  # the API's ledger check: already replayed
         record = c.get(f"/ui/dead-letters/{p1}/{o1}")
         assert 'id="record-replayed"' in record.text
+        listed_again = c.get("/ui/dead-letters", params={"error_class": "TimeoutError"}).text
+        rows = re.findall(r'data-partition="(\d+)" data-offset="(\d+)".*?</tr>', listed_again, re.S)
+        marked = re.findall(
+            r'data-partition="(\d+)" data-offset="(\d+)"(?:(?!</tr>).)*class="replayed">yes<',
+            listed_again,
+            re.S,
+        )
+        assert rows and (str(p1), str(o1)) in marked and (str(p2), str(o2)) not in marked
         selected = {"mode": "selected", "csrf": csrf, "record": [f"{p2}:{o2}", f"{p3}:{o3}"]}
         dry = c.post("/ui/replay/dry-run", data=selected)
         assert int(element_text(dry.text, "dry-run-count")) == 2
