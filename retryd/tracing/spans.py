@@ -22,6 +22,7 @@ OpenTelemetry is imported only here, and this module only when tracing is switch
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -53,6 +54,8 @@ from retryd.tracing.context import (
     replace_trace_headers,
     trace_headers,
 )
+
+log = logging.getLogger(__name__)
 
 _OK = frozenset({Outcome.SUCCESS, Outcome.DROP})
 
@@ -207,7 +210,11 @@ class TracedSyncHandler:
         self.timeout_s = inner.timeout_s
 
     def call(self, message: Message) -> HandlerResult:
-        span, token = self._tracing.begin(message, self._group)
+        try:
+            span, token = self._tracing.begin(message, self._group)
+        except Exception:  # tracing must never cost a record its call
+            log.debug("%s: could not start the call's span", message.where, exc_info=True)
+            return self._inner.call(message)
         try:
             result = self._inner.call(message)
         except BaseException as exc:  # adapters never raise; the pool treats it as a retry
@@ -230,7 +237,11 @@ class TracedAsyncHandler:
         self.timeout_s = inner.timeout_s
 
     async def acall(self, message: Message) -> HandlerResult:
-        span, token = self._tracing.begin(message, self._group)
+        try:
+            span, token = self._tracing.begin(message, self._group)
+        except Exception:  # tracing must never cost a record its call
+            log.debug("%s: could not start the call's span", message.where, exc_info=True)
+            return await self._inner.acall(message)
         try:
             result = await self._inner.acall(message)
         except asyncio.CancelledError:  # the call's timeout (or shutdown) cut it off
