@@ -21,6 +21,8 @@ from retryd.handlers.base import Message
 from retryd.handlers.http_handler import request_headers
 from retryd.handlers.python_handler import PythonHandler, SyncPythonHandler
 from retryd.policy import headers as h
+from retryd.replay.copies import replay_copy_kwargs
+from retryd.replay.records import FailedRecord
 from retryd.tracing import NO_TRACING, Tracing
 from retryd.tracing.context import format_traceparent, parse_traceparent
 from retryd.tracing.spans import SpanTracing
@@ -240,6 +242,34 @@ def test_spans_a_handler_makes_are_children_of_its_call(
     assert call.context is not None and mine.parent is not None
     assert mine.parent.span_id == call.context.span_id
     assert mine.context is not None and mine.context.trace_id == call.context.trace_id
+
+
+def test_a_replayed_copy_carries_one_traceparent_of_its_replay_span(
+    traced: Callable[[], tuple[SpanTracing, Any]],
+) -> None:
+    """The copy the sidecar, the CLI and Spark tasks produce (``replay_copy_kwargs``)."""
+    tracing, exporter = traced()
+    dead = FailedRecord(
+        FAILED,
+        0,
+        7,
+        0,
+        b"k",
+        b"v",
+        [
+            ("traceparent", PRODUCER_PARENT.encode()),
+            ("traceparent", PRODUCER_PARENT.encode()),
+            (h.RETRY_NUMBER, b"2"),
+            (h.ORIGINAL_TOPIC, MAIN.encode()),
+        ],
+    )
+    off = replay_copy_kwargs(dead, MAIN, 1, "r-2")
+    assert [v for k, v in off["headers"] if k == "traceparent"] == [PRODUCER_PARENT.encode()] * 2
+    on = replay_copy_kwargs(dead, MAIN, 1, "r-2", tracing)
+    (replay,) = exporter.get_finished_spans()
+    assert only_traceparent(on["headers"]) == traceparent_of(replay)
+    assert replay.parent is None and not replay.links  # two traceparents: no parent to follow
+    assert on["key"] == b"k" and on["value"] == b"v"
 
 
 def test_quick_retries_in_place_are_one_span_of_one_trace(
