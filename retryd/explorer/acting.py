@@ -37,6 +37,8 @@ from retryd.replay.sources import source_topic
 router = APIRouter(prefix="/ui", include_in_schema=False)
 
 DRY_RUN_WAIT_S = 20.0
+DEFAULT_RATE = 100.0  # records per second, as POST /v1/replays
+MAX_RATE = 100_000.0
 SAMPLE_SIZE = 10
 MODES = ("one", "selected", "filter")
 STATE_WORDS = {
@@ -60,6 +62,7 @@ class Selection:
         self.ui = UiFilter.read(form)
         self.topic = source_topic(ex.settings, self.ui.topic)
         self.records: frozenset[tuple[int, int]] | None = None
+        self.rate = read_rate(first(form, "max_per_second"))
         if mode == "filter":
             self.filter = self.ui.to_filter(int(time.time() * 1000))
         else:
@@ -87,6 +90,19 @@ class Selection:
         return f"every dead letter of {self.topic}" + (
             f" matching {', '.join(parts)}" if parts else ""
         )
+
+
+def read_rate(text: str | None) -> float:
+    """A job's ``max_per_second`` from the confirm form (the API's bounds and default)."""
+    if text is None or not text.strip():
+        return DEFAULT_RATE
+    try:
+        rate = float(text)
+    except ValueError:
+        raise FilterProblem("the rate is a number of records per second") from None
+    if not 0 < rate <= MAX_RATE:
+        raise FilterProblem(f"the rate must be above 0 and at most {MAX_RATE:g} per second")
+    return rate
 
 
 async def _act_form(
@@ -189,6 +205,8 @@ async def dry_run(request: Request) -> Response:
         job_id=job.id,
         sample=_sample_rows(items),
         fields=sel.fields(),
+        rate=sel.rate,
+        bulk=sel.mode != "one",
     )
 
 
@@ -216,7 +234,12 @@ async def replay(request: Request) -> Response:
             )
             job_id = ex.remember(Single(outcome, session.token_id, time.time()))
         else:
-            spec = JobSpec(filter=sel.filter, topic=sel.topic, actor=session.token_id)
+            spec = JobSpec(
+                filter=sel.filter,
+                topic=sel.topic,
+                max_per_second=sel.rate,
+                actor=session.token_id,
+            )
             job = await offload(request, actions.start_job, sc, spec)
             job_id = job.id
     except ReplayError as exc:

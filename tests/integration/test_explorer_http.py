@@ -319,6 +319,36 @@ def test_replay_one_and_selected(sidecar: SidecarProcess, deployment: Env) -> No
     assert re.search(rf"replay actor=operator record={deployment.failed}/{p1}/{o1} ", log)
 
 
+def test_a_slow_job_shows_progress_and_is_cancelled(sidecar: SidecarProcess) -> None:
+    with browser(sidecar) as c, sidecar.client(REPLAY_TOKEN) as api:
+        csrf = sign_in(c, REPLAY_TOKEN)
+        form = {"mode": "filter", "csrf": csrf, "error_class": "ValueError"}
+        form["dead_reason"] = "exhausted"  # 4 records no other test replays
+        bad = c.post("/ui/replay", data={**form, "max_per_second": "0"})
+        assert bad.status_code == 400
+        r = c.post("/ui/replay", data={**form, "max_per_second": "1"})
+        assert r.status_code == 303
+        job_url = r.headers["location"]
+
+        def replaying() -> dict[str, object] | None:
+            p = c.get(job_url + "/progress").json()
+            return p if p["replayed"] >= 1 else None
+
+        wait_for(replaying, 30, 0.1, "the first record of the slow job")
+        page = c.get(job_url)
+        assert element_text(page.text, "job-state") == "running"
+        assert 'id="cancel-job-button"' in page.text
+        cancelled = c.post(job_url + "/cancel", data={"csrf": csrf})
+        assert cancelled.status_code == 303
+        job = api.get("/v1/replays/" + job_url.rsplit("/", 1)[1]).json()
+        assert job["state"] == "cancelled" and 1 <= job["replayed"] < 4
+        page = c.get(job_url)
+        assert element_text(page.text, "job-state") == "cancelled"
+        assert 'id="cancel-job"' not in page.text
+    log = sidecar.log_path.read_text()
+    assert f"job_cancelled actor=operator job={job['id']}" in log
+
+
 def test_session_expires(deployment: Env, tmp_path: Path) -> None:
     """A session ends explorer_session_max_s after sign-in even while it is in use."""
     short = Env(
