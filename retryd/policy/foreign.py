@@ -13,7 +13,8 @@ Where each mapping comes from (the exact encodings were read in these sources):
   ``org.springframework.kafka.listener.DeadLetterPublishingRecoverer``
   (``maybeAddOriginalHeaders``): topic, timestamp type and consumer group as UTF-8 text; the
   partition as a 4-byte big-endian int (``ByteBuffer.allocate(Integer.BYTES).putInt``), the
-  offset and the timestamp as 8-byte big-endian longs (``putLong``). With the default
+  offset and the timestamp as 8-byte big-endian longs (``putLong``): the same in every version
+  read, from 2.2's direct ``RecordHeader``s to the current header suppliers. With the default
   ``appendOriginalHeaders = true`` a record dead-lettered again (e.g. through Spring's retry
   topics) carries each "original" header once per hop: the first one names where the record
   first entered, which is retryd's meaning of "original". The exception headers
@@ -33,8 +34,10 @@ Where each mapping comes from (the exact encodings were read in these sources):
   ``exception.stacktrace``, all UTF-8; a header already present is kept (the first wins).
   The DLQ record keeps the original record's timestamp. A sink task's consumer group is
   ``connect-<connector name>`` unless overridden (``consumer.override.group.id``).
-* ``share_group``: Apache Kafka 4.4 share groups' dead-letter queues (KIP-1191),
-  ``org.apache.kafka.server.share.dlq.ShareGroupDLQStateManager`` (``headers(offset)``):
+* ``share_group``: Apache Kafka 4.4 share groups' dead-letter queues (KIP-1191), read in the
+  broker's code, ``org.apache.kafka.server.share.dlq.ShareGroupDLQStateManager``
+  (``headers(offset)``, whose constants the broker's ShareConsumerDLQTest calls the wire
+  contract of DLQ records):
   ``__dlq.errors.topic`` (the topic name, or its topic id when the name was not found),
   ``__dlq.errors.partition``, ``__dlq.errors.offset``, ``__dlq.errors.group``,
   ``__dlq.errors.delivery.count`` (optional) and ``__dlq.errors.message`` (optional: the
