@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 router = APIRouter(prefix="/ui", include_in_schema=False)
 
 PAGE_SIZE = 50
+MAX_PAGE_SIZE = 200
 LIST_PREVIEW = 256
 MAX_FORM_FIELDS = 1000
 LOGIN_FAILED = "Sign-in failed: the token is not valid."
@@ -232,6 +233,7 @@ def _row(item: dict[str, Any], topic: str) -> dict[str, Any]:
 async def browse_page(
     request: Request,
     cursor: Annotated[str | None, Query(max_length=65_536)] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE)] = PAGE_SIZE,
 ) -> Response:
     session, answer = session_of(request)
     if session is None:
@@ -271,7 +273,7 @@ async def browse_page(
             sc.pool,
             flt,
             cursor=cursor,
-            limit=PAGE_SIZE,
+            limit=limit,
             preview_bytes=LIST_PREVIEW,
             timeout_s=sc.timeout_s,
             topic=topic,
@@ -280,6 +282,7 @@ async def browse_page(
         replayed = {i["coordinate"] for i in page.items if ledger.get(i["coordinate"])}
         return page, replayed
 
+    sized = {"limit": str(limit)} if limit != PAGE_SIZE else {}
     try:
         page, replayed = await offload(request, work)
     except ReplayError as exc:
@@ -304,8 +307,8 @@ async def browse_page(
         rows=[
             {**_row(item, topic), "replayed": item["coordinate"] in replayed} for item in page.items
         ],
-        next_href="/ui/dead-letters?" + uf.query(cursor=page.next_cursor),
-        first_href="/ui/dead-letters?" + uf.query(),
+        next_href="/ui/dead-letters?" + uf.query(**sized, cursor=page.next_cursor),
+        first_href="/ui/dead-letters?" + uf.query(**sized),
         **{**context, "page": page},
     )
 
