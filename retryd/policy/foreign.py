@@ -373,7 +373,7 @@ def _connect(r: _Reader, timestamp: int | None) -> dict[str, str | int | None]:
         topic=r.topic(CONNECT_TOPIC, first=True),
         partition=r.decimal(CONNECT_PARTITION, first=True, max_value=INT32_MAX),
         offset=r.decimal(CONNECT_OFFSET, first=True),
-        timestamp=timestamp if timestamp is not None and timestamp >= 0 else None,
+        timestamp=timestamp if timestamp is not None and 0 <= timestamp <= h.INT64_MAX else None,
         error_class=r.text(CONNECT_EXCEPTION, first=True, limit=h.ERROR_CLASS_MAX_BYTES),
         error_message=r.text(CONNECT_MESSAGE, first=True, limit=h.ERROR_MESSAGE_MAX_BYTES),
         dead_reason=h.DEAD_MALFORMED if stage in _CONNECT_MALFORMED_STAGES else None,

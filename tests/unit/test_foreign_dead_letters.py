@@ -7,6 +7,9 @@ from __future__ import annotations
 import struct
 
 import pytest
+from hypothesis import given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from retryd.config import Settings
@@ -423,3 +426,29 @@ def test_pipeline_columns_of_foreign_rows_are_mapped() -> None:
     assert stamps[0] == 1_700_000_000_123_000 and stamps[2] == 1_650_000_000_000_000  # µs
     plain = build_batch(rows[1:2])
     assert map_batch(plain, {"orders.DLT": "spring"}) is plain  # no foreign row: untouched
+
+
+_NAMES = st.sampled_from(
+    [
+        "kafka_dlt-original-topic", "kafka_dlt-original-partition", "kafka_dlt-original-offset",
+        "kafka_dlt-original-timestamp", "kafka_dlt-exception-fqcn", "source_topic",
+        "source_partition", "source_offset", "source_attempts", "__connect.errors.topic",
+        "__connect.errors.offset", "__connect.errors.stage", "__dlq.errors.topic",
+        "__dlq.errors.delivery.count", "__dlq.errors.message", "retryd_original_topic",
+    ]
+) | st.text(max_size=20) | st.binary(max_size=20)  # fmt: skip
+_VALUES = st.none() | st.binary(max_size=40) | st.text(max_size=20) | st.integers()
+
+
+@hypothesis_settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(_NAMES, _VALUES) | st.tuples(_NAMES), max_size=12), st.integers())
+def test_any_headers_map_without_raising(headers: list[tuple[object, ...]], stamp: int) -> None:
+    for fmt in ForeignFormat:
+        got = to_dead_letter_fields(fmt, headers, timestamp=stamp)
+        for value in got.fields.values():
+            assert value is None or isinstance(value, int | str)
+            if isinstance(value, int):
+                assert 0 <= value < 2**63
+        strip_foreign(fmt, headers)  # type: ignore[arg-type]
+    found = detect(headers)
+    assert found is None or isinstance(found, ForeignFormat)
