@@ -38,6 +38,7 @@ from tests.support import unique
 READ_TOKEN = "explorer-read-token-0123456789abcdef-xyz"
 REPLAY_TOKEN = TOKEN  # RETRYD_API_TOKEN: replay scope
 SESSION_MAX_S = 3  # the expiring sidecar's absolute session lifetime
+NO_CHROMIUM = "chromium is not installed (apt-get install chromium; scripts/test does)"
 DESKTOP = {"width": 1280, "height": 800}
 PHONE = {"width": 390, "height": 844}
 ONE_MB = 1_000_000
@@ -252,6 +253,8 @@ def sidecars(
     bootstrap: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, Explorer]]:
     """The session's three sidecars, seeded and started concurrently, stopped by PID."""
+    if chromium_path() is None:
+        pytest.skip(NO_CHROMIUM)
     base = tmp_path_factory.mktemp("explorer")
     tokens = {"RETRYD_API_TOKENS": f"viewer:read:{READ_TOKEN}"}
     main = Env(bootstrap, base / "state")
@@ -305,7 +308,7 @@ def explorer(sidecars: dict[str, Explorer]) -> Explorer:
 def browser() -> Iterator[Any]:
     path = chromium_path()
     if path is None:
-        pytest.skip("chromium is not installed (apt-get install chromium; scripts/test does)")
+        pytest.skip(NO_CHROMIUM)
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:

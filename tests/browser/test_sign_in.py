@@ -115,7 +115,8 @@ def test_session_cookie_flags_headers_and_sign_out(explorer: Explorer, tab: Tab)
 
 def test_read_only_token_browses_but_cannot_act(explorer: Explorer, tab: Tab) -> None:
     page = tab.page
-    sign_in(page, explorer.url, READ_TOKEN)
+    # A ``next`` that leaves the explorer is not followed: the overview instead.
+    sign_in(page, explorer.url, READ_TOKEN, next_path="//evil.example/ui/")
     assert page.url.rstrip("/") == explorer.url, page.url
     assert page.is_visible("section#overview")
     csrf = csrf_of(page)
