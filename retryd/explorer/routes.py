@@ -187,13 +187,12 @@ async def logout(request: Request) -> Response:
 
 
 @router.get("/static/{name}")
-async def static(name: Annotated[str, Path(max_length=64)]) -> Response:
-    """The explorer's own script and stylesheet (nothing else is served)."""
-    from retryd.explorer.web import HERE
-
-    if name not in STATIC_TYPES:
+async def static(request: Request, name: Annotated[str, Path(max_length=64)]) -> Response:
+    """The explorer's own script and stylesheet, read once at start-up (nothing else)."""
+    body = explorer_of(request).static.get(name)
+    if body is None:
         return Response("not found", status_code=404, media_type="text/plain")
-    return Response((HERE / "static" / name).read_bytes(), media_type=STATIC_TYPES[name])
+    return Response(body, media_type=STATIC_TYPES[name])
 
 
 # ------------------------------------------------------------------ browse
