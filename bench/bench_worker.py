@@ -84,8 +84,16 @@ def _throughput(
     proc = cli.start(*args)
     metrics = h.Metrics(cli.state_dir)
     commit_s = None
+    cpu: list[float] = []
     try:
-        elapsed = h.time_until(lambda: metrics.messages(topic, outcome), n, proc, timeout_s=900)
+        elapsed = h.time_until(
+            lambda: metrics.messages(topic, outcome),
+            n,
+            proc,
+            timeout_s=900,
+            on_first=lambda: cpu.append(h.cpu_seconds(proc.pid)),
+        )
+        cpu.append(h.cpu_seconds(proc.pid))
         if committed:
             first = time.monotonic() - elapsed
             h.wait_committed(cli.bootstrap, cli.group, topic, PARTITIONS, n, proc, timeout_s=120)
@@ -96,6 +104,8 @@ def _throughput(
     if code != 0:
         raise SystemExit(f"retryd worker exited with {code} (see {cli.log})")
     out = {"seconds": elapsed, "msgs_per_s": n / elapsed}
+    if len(cpu) == 2:  # the worker's CPU from the first counted record to the n-th, per record
+        out["cpu_us_per_msg"] = (cpu[1] - cpu[0]) / n * 1e6
     if commit_s is not None:
         out["committed_seconds"] = commit_s
     if rss is not None:
@@ -231,11 +241,14 @@ def _source_tree(rev: str, into: Path) -> Path:
     return into
 
 
-def tracing_cost(run: Run, n: int, turn: int, before: Path, after: Path) -> dict:
-    """Success path from the tree before tracing, with tracing off and on: one topic, fresh
-    groups, the order turning with ``turn`` so no mode always runs first."""
-    modes = ["before", "off", "on"]
-    modes = modes[turn % 3 :] + modes[: turn % 3]
+def tracing_cost(
+    run: Run, n: int, turn: int, before: Path, after: Path, modes: list[str] | None = None
+) -> dict:
+    """Success path from the tree before tracing, with tracing off and on (``modes``, a
+    subset of those three): one topic, fresh groups, the order turning with ``turn`` so no
+    mode always runs first."""
+    modes = modes or ["before", "off", "on"]
+    modes = modes[turn % len(modes) :] + modes[: turn % len(modes)]
     out: dict[str, Any] = {"order": modes}
     sink = _Sink()
     with h.broker(run.quick) as b, sink as endpoint:
@@ -251,8 +264,12 @@ def tracing_cost(run: Run, n: int, turn: int, before: Path, after: Path) -> dict
             out[mode] = _throughput(run, cli, topic, "success", n)
             if mode == "on":
                 out["on"]["exports"] = sink.exports  # OTLP requests received: spans went out
-    out["off_vs_before"] = out["off"]["msgs_per_s"] / out["before"]["msgs_per_s"]
-    out["on_vs_before"] = out["on"]["msgs_per_s"] / out["before"]["msgs_per_s"]
+    for mode in ("off", "on"):
+        if mode in out and "before" in out:
+            out[f"{mode}_vs_before"] = out[mode]["msgs_per_s"] / out["before"]["msgs_per_s"]
+            out[f"{mode}_cpu_vs_before"] = (
+                out[mode]["cpu_us_per_msg"] / out["before"]["cpu_us_per_msg"]
+            )
     return out
 
 
@@ -474,6 +491,20 @@ TARGETS: dict[str, tuple[str, str, str, str, float | None]] = {
         ">=",
         None,
     ),
+    "tracing_off_cpu": (
+        "tracing",
+        "worker CPU per record, tracing off vs before tracing (same run; 1.0 = no cost)",
+        "off_cpu_vs_before",
+        "<=",
+        None,
+    ),
+    "tracing_on_cpu": (
+        "tracing",
+        "worker CPU per record, tracing on vs before tracing (same run)",
+        "on_cpu_vs_before",
+        "<=",
+        None,
+    ),
     "tracing_on": (
         "tracing",
         "success path, tracing on (every call a span, OTLP/HTTP) vs before tracing (same run)",
@@ -492,7 +523,7 @@ def summarize(results: dict[str, list[dict]]) -> list[dict]:
     rows = []
     for name, (source, label, key, op, target) in TARGETS.items():
         runs = results.get(source)
-        if not runs:
+        if not runs or any(key not in r for r in runs):
             continue
         value = _median(runs, key)
         met: bool | None = None
@@ -637,6 +668,11 @@ def main() -> None:
     ap.add_argument(
         "--after", default=None, help="tracing: the revision measured (default: the working tree)"
     )
+    ap.add_argument(
+        "--tracing-modes",
+        default="before,off,on",
+        help="tracing: the modes to run (a subset of before,off,on)",
+    )
     ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -683,7 +719,8 @@ def main() -> None:
                     res = scale(run, params["n_scale"])
                 elif name == "tracing":
                     assert trees is not None
-                    res = tracing_cost(run, params["n"], i, *trees)
+                    modes = [m for m in args.tracing_modes.split(",") if m]
+                    res = tracing_cost(run, params["n"], i, *trees, modes)
                 else:
                     res = memory(run, *params["mem"])
                 print(f"  {json.dumps(res)}", file=sys.stderr)

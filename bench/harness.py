@@ -241,8 +241,10 @@ def time_until(
     *,
     timeout_s: float,
     interval_s: float = 0.05,
+    on_first: Callable[[], None] | None = None,
 ) -> float:
-    """Seconds from the first counted record to the n-th (group join excluded)."""
+    """Seconds from the first counted record to the n-th (group join excluded); ``on_first``
+    runs when the first is counted."""
     first: float | None = None
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -252,6 +254,8 @@ def time_until(
         now = time.monotonic()
         if value > 0 and first is None:
             first = now
+            if on_first is not None:
+                on_first()
         if value >= n:
             assert first is not None
             return max(now - first, 1e-6)
@@ -290,6 +294,12 @@ def wait_committed(
     finally:
         c.close()
     raise SystemExit(f"timed out: {total} of {n} offsets committed after {timeout_s}s")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time a live process has used so far (``/proc/<pid>/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def peak_rss_mb(pid: int) -> float:
