@@ -44,7 +44,10 @@ class TopicView:
 def scan_topic(sc: Sidecar, topic: str, scan_max: int) -> TopicView:
     """Tally the newest ``scan_max`` records of ``topic`` (bounded in records and time)."""
     tally = Tally()
-    scanner = sc.pool.acquire(sc.timeout_s, topic)
+    try:
+        scanner = sc.pool.acquire(sc.timeout_s, topic)
+    except ReplayError as exc:
+        return TopicView(topic, 0, tally, False, str(exc)[:300])
     broken = False
     try:
         parts = scanner.partitions(sc.timeout_s)
