@@ -28,6 +28,12 @@ TRACEPARENT_MAX = 256
 _VERSION_00 = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
 _FUTURE = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?", re.S)
 _TRACESTATE = re.compile(r"[\x20-\x7e]*")
+# W3C tracestate list members: key=value, simple or multi-tenant keys, at most 32 members.
+_MEMBER = re.compile(
+    r"(?:[a-z][_0-9a-z\-*/]{0,255}|[a-z0-9][_0-9a-z\-*/]{0,240}@[a-z][_0-9a-z\-*/]{0,13})"
+    r"=[\x20-\x2b\x2d-\x3c\x3e-\x7e]{0,255}[\x21-\x2b\x2d-\x3c\x3e-\x7e]"
+)
+TRACESTATE_MEMBERS = 32
 
 Headers = list[tuple[str, bytes | None]]
 
@@ -90,13 +96,26 @@ def parse_traceparent(value: object) -> TraceParent | None:
 
 
 def parse_tracestate(value: object) -> str | None:
-    """A ``tracestate`` value kept as-is when it is printable ASCII of at most
-    ``TRACESTATE_MAX`` characters (its members are checked by whoever reads them)."""
+    """A ``tracestate`` value kept as-is when it is a valid W3C list (``key=value`` members,
+    at most 32, no key twice) of at most ``TRACESTATE_MAX`` printable ASCII characters; None
+    otherwise (the whole value is dropped, as W3C asks)."""
     text = _text(value, TRACESTATE_MAX)
     if text is None or not _TRACESTATE.fullmatch(text):
         return None
-    text = text.strip(" \t")
-    return text or None
+    keys: set[str] = set()
+    for raw in text.split(","):
+        member = raw.strip(" \t")
+        if not member:
+            continue  # empty members are allowed
+        if not _MEMBER.fullmatch(member):
+            return None
+        key = member.partition("=")[0]
+        if key in keys:
+            return None
+        keys.add(key)
+    if not keys or len(keys) > TRACESTATE_MEMBERS:
+        return None
+    return text.strip(" \t")
 
 
 def _is(name: object, wanted: str) -> bool:

@@ -295,7 +295,8 @@ def test_quick_retries_in_place_are_one_span_of_one_trace(
 
 def test_an_http_request_carries_the_calls_traceparent() -> None:
     tracing = SpanTracing(TracerProvider())
-    message = Message(b"k", b"v", [("traceparent", PRODUCER_PARENT.encode())], topic=MAIN)
+    incoming = [("traceparent", PRODUCER_PARENT.encode()), ("tracestate", b"congo=t61rcWkgMzE")]
+    message = Message(b"k", b"v", incoming, topic=MAIN)
     assert not [v for k, v in request_headers(message) if k == "traceparent"]  # off: none
     span, token = tracing.begin(message, GROUP)
     try:
@@ -303,6 +304,7 @@ def test_an_http_request_carries_the_calls_traceparent() -> None:
     finally:
         tracing.end(span, token, PythonHandler(lambda m: None, timeout_s=1).call(message))  # type: ignore[union-attr]
     assert sent["traceparent"] == traceparent_of(span).decode()  # type: ignore[arg-type]
+    assert sent["tracestate"] == "congo=t61rcWkgMzE"  # the parent's, carried on
     assert sent["X-Kafka-traceparent"] == PRODUCER_PARENT  # the record's own, as a header
 
 
