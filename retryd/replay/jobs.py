@@ -58,6 +58,18 @@ MAX_ERRORS_KEPT = 20
 COUNT_TIMEOUT_S = 3600.0
 
 
+def selection_start(parts: list[int], records: frozenset[tuple[int, int]] | None) -> dict[int, int]:
+    """Where a job starts reading each partition: offset 0 of every one, or for a job that
+    names its records (the explorer's selection) only their partitions, from the lowest
+    offset named in each."""
+    if records is None:
+        return {part: 0 for part in parts}
+    lowest: dict[int, int] = {}
+    for part, offset in records:
+        lowest[part] = min(offset, lowest.get(part, offset))
+    return {part: lowest[part] for part in parts if part in lowest}
+
+
 class ReplayJob:
     """One bulk replay; ``start()`` runs it in a daemon thread."""
 
@@ -143,7 +155,7 @@ class ReplayJob:
             )
             self._set(state="counting")
             parts = scanner.partitions(self.timeout_s)
-            start = {part: 0 for part in parts or []}
+            start = selection_start(parts or [], self.spec.filter.records)
             self.ledger.refresh()
             if not self.spec.dry_run:
                 # Copies an interrupted job left without ledger entries count as replayed.

@@ -191,3 +191,12 @@ def test_a_cursor_for_another_topic_is_refused() -> None:
             preview_bytes=16,
             timeout_s=1,
         )
+
+
+def test_a_selection_job_reads_only_its_partitions_from_its_lowest_offsets() -> None:
+    from retryd.replay.jobs import selection_start
+
+    assert selection_start([0, 1, 2], None) == {0: 0, 1: 0, 2: 0}
+    chosen = frozenset({(1, 40), (1, 7), (2, 3), (9, 1)})  # partition 9 does not exist
+    assert selection_start([0, 1, 2], chosen) == {1: 7, 2: 3}
+    assert selection_start([0], frozenset()) == {}
