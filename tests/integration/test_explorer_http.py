@@ -146,6 +146,18 @@ def test_sign_in_cookie_and_security_headers(sidecar: SidecarProcess) -> None:
         assert "svg" in overview and 'class="sparkline"' in overview
         # the totals: N + 2 dead letters in failed_topic, none replayed yet at this point
         assert re.search(rf"\b{N + 2} records in the topic", overview)
+        # Each fingerprint links to the dead letters it counts.
+        counted = re.findall(
+            r'href="([^"]*fingerprint=[0-9a-f]+)">[0-9a-f]+</a></td>\s*<td class="wrap">.*?</td>'
+            r"\s*<td>(\d+)</td>",
+            overview,
+            re.S,
+        )
+        assert len(counted) == 4  # ValueError, TimeoutError, HostileError, BigError
+        assert sum(int(n) for _, n in counted) == N + 2
+        for link, n in counted:
+            listed = c.get(html.unescape(link) + "&limit=200")
+            assert len(rows_of(listed.text)) == int(n), link
         out = c.post("/ui/logout", data={"csrf": csrf_of(c.get("/ui/jobs").text)})
         assert out.status_code == 303 and out.headers["location"] == "/ui/login"
         assert c.get("/ui/jobs").status_code == 303
