@@ -13,7 +13,8 @@ from urllib.parse import urlencode
 
 from retryd.errors import TimeSpecError
 from retryd.policy.timespec import parse_instant
-from retryd.replay.records import DEAD_REASONS, RecordFilter
+from retryd.replay.errors import InvalidRequest
+from retryd.replay.records import DEAD_REASONS, RecordFilter, key_from
 
 LIMITS = {
     "topic": 249,
@@ -22,6 +23,7 @@ LIMITS = {
     "fingerprint": 64,
     "original_topic": 249,
     "key": 4096,
+    "key_base64": 5464,
     "since": 64,
     "until": 64,
 }
@@ -44,6 +46,7 @@ class UiFilter:
     fingerprint: str | None = None
     original_topic: str | None = None
     key: str | None = None
+    key_base64: str | None = None
     since: str | None = None
     until: str | None = None
 
@@ -71,13 +74,18 @@ class UiFilter:
             raise FilterProblem(f"dead_reason must be one of {', '.join(DEAD_REASONS)}")
         if self.fingerprint is not None and not _FINGERPRINT.fullmatch(self.fingerprint):
             raise FilterProblem("fingerprint is the hex id shown on the overview")
+        try:
+            key, contradictory = key_from(self.key, self.key_base64)
+        except InvalidRequest as exc:
+            raise FilterProblem(str(exc)) from None
         return RecordFilter(
             original_topic=self.original_topic,
             error_class=self.error_class,
             dead_reason=self.dead_reason,
             since_ms=instant("since", self.since, now_ms),
             until_ms=instant("until", self.until, now_ms),
-            key=self.key.encode("utf-8", errors="surrogatepass") if self.key is not None else None,
+            key=key,
+            nothing=contradictory,
             fingerprint=self.fingerprint,
         )
 

@@ -6,6 +6,7 @@ The pages' behaviour in a real browser: tests/browser/."""
 
 from __future__ import annotations
 
+import base64
 import html
 import json
 import re
@@ -188,6 +189,9 @@ def test_browse_newest_first_with_filters_and_cursor(sidecar: SidecarProcess) ->
         assert len(rows_of(by_class.text)) == N // 2
         by_key = c.get("/ui/dead-letters", params={"key": "k3"})
         assert len(rows_of(by_key.text)) == 1
+        binary_key = base64.b64encode(HOSTILE_KEY).decode()
+        by_binary_key = c.get("/ui/dead-letters", params={"key_base64": binary_key})
+        assert len(rows_of(by_binary_key.text)) == 1
         none = c.get("/ui/dead-letters", params={"until": "-1h"})
         assert rows_of(none.text) == []
         bad = c.get("/ui/dead-letters", params={"since": "yesterday-ish"})

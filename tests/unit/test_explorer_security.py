@@ -110,3 +110,12 @@ def test_selections() -> None:
     for bad in ([], ["0:x"], ["-1:2"], ["0:1:2"], [f"0:{i}" for i in range(501)]):
         with pytest.raises(FilterProblem):
             read_records(bad)
+
+
+def test_binary_keys_are_filtered_by_base64() -> None:
+    flt = UiFilter.read({"key_base64": ["/+4A"]}).to_filter(NOW)
+    assert flt.key == b"\xff\xee\x00" and not flt.nothing
+    both = UiFilter.read({"key": ["a"], "key_base64": ["Yg=="]}).to_filter(NOW)
+    assert both.nothing  # two different keys: nothing matches (as the API)
+    with pytest.raises(FilterProblem, match="base64"):
+        UiFilter.read({"key_base64": ["not base64!"]}).to_filter(NOW)
