@@ -33,7 +33,7 @@ from confluent_kafka import Producer
 from retryd.config.settings import Settings
 from retryd.policy.headers import Envelope, routed_headers
 from tests.integration.sidecar_support import REPO, TOKEN, Env, SidecarProcess
-from tests.support import unique
+from tests.support import create_topics, unique
 
 READ_TOKEN = "explorer-read-token-0123456789abcdef-xyz"
 REPLAY_TOKEN = TOKEN  # RETRYD_API_TOKEN: replay scope
@@ -235,6 +235,8 @@ class Explorer:
     env: Env
     realistic: list[DeadLetter] = field(default_factory=list)
     hostile: list[DeadLetter] = field(default_factory=list)
+    # A third main topic with one dead letter of its own, for a replay no other test counts.
+    spare_topic: str = ""
 
     @property
     def url(self) -> str:
@@ -258,9 +260,15 @@ def sidecars(
     base = tmp_path_factory.mktemp("explorer")
     tokens = {"RETRYD_API_TOKENS": f"viewer:read:{READ_TOKEN}"}
     main = Env(bootstrap, base / "state")
-    # One replay a second: a job of two records runs long enough for its page to watch it.
-    main.extra = {**tokens, "RETRYD_REPLAY_MAX_PER_SECOND": "1"}
+    spare = unique("spare")
+    main.extra = {
+        **tokens,
+        # One replay a second: a job of two records runs long enough for its page to watch it.
+        "RETRYD_REPLAY_MAX_PER_SECOND": "1",
+        "RETRYD_MAIN_TOPICS": f"{main.main},{main.other},{spare}",
+    }
     main.create(failed_partitions=2)
+    create_topics(bootstrap, [spare])
     shown = Env(
         bootstrap,
         base / "showcase-state",
@@ -278,6 +286,15 @@ def sidecars(
 
     explorer = Explorer(SidecarProcess(main, base / "explorer.log"), main)
     explorer.realistic = realistic(main)
+    explorer.realistic.append(
+        DeadLetter(
+            "spare-1",
+            b"spare-1",
+            b'{"order_id": "ord-9001"}',
+            dead_letter(spare, error_class="ConnectionError", message="ledger-api refused"),
+        )
+    )
+    explorer.spare_topic = spare
     explorer.hostile = hostile(main)
     produce_dead_letters(bootstrap, main.failed, explorer.realistic + explorer.hostile)
     showcase = Explorer(SidecarProcess(shown, base / "showcase.log"), shown)

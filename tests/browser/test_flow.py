@@ -17,7 +17,7 @@ from tests.browser.conftest import (
     layout_fits,
     sign_in,
 )
-from tests.support import read_topic
+from tests.support import read_topic, wait_for
 
 REASON = "malformed"  # realistic(): every 4th record, all from env.other
 
@@ -166,6 +166,34 @@ def test_replay_selected_with_the_keyboard(explorer: Explorer, tab: Tab) -> None
     page.wait_for_selector("table#jobs")
     row = page.locator("table#jobs tr.job", has=page.locator(f"a.job-link:text-is('{job_id}')"))
     assert "done" in row.inner_text(), row.inner_text()
+
+
+def test_replay_without_javascript(explorer: Explorer, open_tab: Any) -> None:
+    """Every page works with scripting off: sign in, filter, dry run, replay, and the job page
+    shows the state at load time with a refresh link, followed until the job is done."""
+    t: Tab = open_tab(java_script_enabled=False)
+    page = t.page
+    sign_in(page, explorer.url, REPLAY_TOKEN)
+    page.goto(f"{explorer.url}/dead-letters?original_topic={explorer.spare_topic}")
+    assert page.locator("table#records tr.record").count() == 1
+    with page.expect_navigation():
+        page.click("button#replay-filter-button")
+    assert number(page.inner_text("#dry-run-count")) == 1
+    with page.expect_navigation():
+        page.click("button#confirm-replay-button")
+    assert page.is_visible("section#job")
+
+    def done() -> bool:
+        if page.inner_text("#job-state").strip() == "done":
+            return True
+        with page.expect_navigation():
+            page.click("a#job-refresh")
+        return False
+
+    wait_for(done, 30, 0.2, "the job page to show done")
+    assert number(page.inner_text("#job-replayed")) == 1
+    (copy,) = read_topic(explorer.sidecar.deployment.bootstrap, explorer.spare_topic)
+    assert copy.key == b"spare-1"
 
 
 def focus_state(page: Any) -> dict[str, Any]:
