@@ -89,6 +89,11 @@ def test_filter_open_dry_run_replay_and_watch(explorer: Explorer, tab: Tab) -> N
     with page.expect_navigation():
         rows.first.locator("a.record-link").click()
     assert page.is_visible("section#record")
+    # The page offers the same replay through the API, with a placeholder for the token.
+    partition, offset = page.url.split("/dead-letters/")[1].split("?")[0].split("/")
+    curl = page.inner_text("pre#copy-curl")
+    assert "$RETRYD_TOKEN" in curl and REPLAY_TOKEN not in curl, curl
+    assert f"/v1/failed/{partition}/{offset}/replay" in curl, curl
     with page.expect_navigation():
         page.click("button#replay-one-button")
     assert page.is_visible("section#dry-run")
