@@ -30,7 +30,6 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
-from retryd.config.settings import Settings
 from retryd.policy.headers import Envelope, routed_headers
 from tests.integration.sidecar_support import REPO, TOKEN, Env, SidecarProcess
 from tests.support import create_topics, unique
@@ -246,10 +245,6 @@ class Explorer:
         return next(d for d in self.realistic + self.hostile if d.name == name)
 
 
-def _settings_has(name: str) -> bool:
-    return name in Settings.model_fields
-
-
 @pytest.fixture(scope="session")
 def sidecars(
     bootstrap: str, tmp_path_factory: pytest.TempPathFactory
@@ -280,9 +275,7 @@ def sidecars(
     expiring = Env(
         bootstrap, base / "expiring-state", main=main.main, other=main.other, group=main.group
     )
-    expiring.extra = dict(tokens)
-    if _settings_has("explorer_session_max_s"):
-        expiring.extra["RETRYD_EXPLORER_SESSION_MAX_S"] = str(SESSION_MAX_S)
+    expiring.extra = {**tokens, "RETRYD_EXPLORER_SESSION_MAX_S": str(SESSION_MAX_S)}
 
     explorer = Explorer(SidecarProcess(main, base / "explorer.log"), main)
     explorer.realistic = realistic(main)
