@@ -23,11 +23,14 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
+from retryd.handlers.http_handler import decode_kafka_headers
+from retryd.policy import headers as h
 from retryd.tracing.context import parse_traceparent
 from tests.integration.worker_support import REPO, deployment, stop_process
 from tests.support import http_service, produce, read_topic, wait_for
 
 LIMIT = 1 << 20  # bytes of one export the receiver reads
+PRODUCER = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"  # the producer's span
 
 
 class _Receiver(BaseHTTPRequestHandler):
@@ -72,19 +75,19 @@ class _Receiver(BaseHTTPRequestHandler):
 
 
 class _Business(BaseHTTPRequestHandler):
-    """Fails the first two calls (main topic, tier), then succeeds; records traceparents."""
+    """Fails every call but a replayed copy's (so main topic and tier fail, whatever a
+    rebalance redoes); records the traceparent of each request."""
 
     lock = threading.Lock()
-    seen: list[tuple[str, str | None]] = []  # (retry number header, traceparent)
+    seen: list[tuple[bool, str | None]] = []  # (a replayed copy, traceparent)
 
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        kafka = decode_kafka_headers(dict(self.headers.items()))
+        replayed = any(name == h.REPLAY_ID for name, _ in kafka)
         with self.lock:
-            self.seen.append(
-                (self.headers.get("X-Retryd-Retry-Number", ""), self.headers.get("traceparent"))
-            )
-            status = 503 if len(self.seen) <= 2 else 200
-        self.send_response(status)
+            self.seen.append((replayed, self.headers.get("traceparent")))
+        self.send_response(200 if replayed else 503)
         self.send_header("Content-Length", "0")
         self.end_headers()
 
@@ -121,7 +124,9 @@ def test_main_tier_dead_letter_replay_is_one_trace(
         "OTEL_BSP_SCHEDULE_DELAY": "200",
     }
     env = {**dep.env(), **otel, "RETRYD_LEDGER_TOPIC": f"{dep.settings.group_id}.ledger"}
-    produce(bootstrap, dep.main, [(b"order-1", b"{}")])
+    # the producer's traceparent: every call of the record, a redo after a rebalance included,
+    # belongs to its trace
+    produce(bootstrap, dep.main, [(b"order-1", b"{}", [("traceparent", PRODUCER.encode())])])
     worker = dep.spawn_worker(tmp_path / "worker.log", env=env)
     try:
         (dead,) = read_topic(bootstrap, dep.failed, expect=1, timeout=60)
@@ -136,7 +141,7 @@ def test_main_tier_dead_letter_replay_is_one_trace(
             timeout=120,
         )
         assert replay.returncode == 0, replay.stderr[-2000:]
-        wait_for(lambda: len(_Business.seen) >= 3, 60, what="the replayed call")
+        wait_for(lambda: any(r for r, _ in _Business.seen), 60, what="the replayed call")
     finally:
         assert stop_process(worker) == 0  # a clean exit flushes the worker's spans
 
@@ -149,22 +154,32 @@ def test_main_tier_dead_letter_replay_is_one_trace(
     exported = wait_for(journey, 30, what="the exported spans")
     assert exported is not None
     spans = exported
-    assert {s["trace"] for s in spans} == {spans[0]["trace"]}, spans  # one trace
-    trace_id = spans[0]["trace"]
+    trace_id = PRODUCER.split("-")[1]
+    assert {s["trace"] for s in spans} == {trace_id}, spans  # one trace: the producer's
     assert {s["service"] for s in spans} == {"retryd-test"}
     calls = [s for s in spans if s["kind"] == Span.SPAN_KIND_CONSUMER]
     (replay_span,) = [s for s in spans if s["name"].endswith(" replay")]
-    assert len(calls) == 3
-    (main,) = [s for s in calls if s["parent"] == ""]  # the producer sent no traceparent
-    (tier,) = [s for s in calls if s["parent"] == main["span"]]
-    (replayed,) = [s for s in calls if s["parent"] == replay_span["span"]]
-    assert main["parent"] == "" and main["name"] == f"{dep.main} process"
-    assert tier["parent"] == main["span"] and tier["links"] == [main["span"]]
-    assert replay_span["parent"] == tier["span"]  # the dead letter named the tier call
-    assert replayed["parent"] == replay_span["span"] and replayed["links"] == [replay_span["span"]]
+    ids = {s["span"]: s for s in spans}
+    # main topic: children of the producer's span, no links (not a copy of retryd's)
+    main = [s for s in calls if s["parent"] == PRODUCER.split("-")[2]]
+    assert main and all(not s["links"] and s["name"] == f"{dep.main} process" for s in main)
+    # the tier call: a child of a main call, linked to it
+    tier = [s for s in calls if s["parent"] in {m["span"] for m in main}]
+    assert tier and all(s["links"] == [s["parent"]] for s in tier), spans
+    # the dead letter names a tier call; the replay span is its child; the replayed call the
+    # replay span's
     dead_parent = parse_traceparent(dead_tp[0])
-    assert dead_parent is not None and f"{dead_parent.span_id:016x}" == tier["span"]
-    # the service saw the traceparent of each call's own span
-    received = [parse_traceparent(tp) for _, tp in _Business.seen]
+    assert dead_parent is not None
+    assert f"{dead_parent.span_id:016x}" in {s["span"] for s in tier}
+    assert replay_span["parent"] == f"{dead_parent.span_id:016x}"
+    assert replay_span["links"] == [replay_span["parent"]]
+    replayed = [s for s in calls if s["parent"] == replay_span["span"]]
+    assert replayed and all(s["links"] == [replay_span["span"]] for s in replayed), spans
+    assert len(main) + len(tier) + len(replayed) == len(calls), spans
+    # the service saw, with every request, the traceparent of that call's own span
+    with _Business.lock:
+        received = [parse_traceparent(tp) for _, tp in _Business.seen]
+    assert len(received) == len(calls)
     assert all(tp is not None and f"{tp.trace_id:032x}" == trace_id for tp in received)
     assert {f"{tp.span_id:016x}" for tp in received if tp is not None} == {s["span"] for s in calls}
+    assert all(s["span"] in ids for s in calls)
