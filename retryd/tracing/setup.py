@@ -57,13 +57,15 @@ def tracing_wanted(environ: Mapping[str, str]) -> list[str]:
 
 
 def tracing_from_env(
-    environ: Mapping[str, str] | None = None, *, install_global: bool = True
+    environ: Mapping[str, str] | None = None, *, install_global: bool = False
 ) -> Tracing:
     """The ``Tracing`` this process runs with: ``NO_TRACING`` unless the environment asks for
-    traces and the SDK is installed (see the module docstring). ``install_global`` also makes
-    its provider OpenTelemetry's global one, so spans a Python handler makes with
+    traces and the SDK is installed (see the module docstring). ``install_global`` (workers)
+    also makes its provider OpenTelemetry's global one, so spans a Python handler makes with
     ``opentelemetry.trace.get_tracer`` go the same way (once per process: the API keeps the
-    first)."""
+    first). The sidecar and the replay CLI leave it alone: instrumented libraries there (the
+    HTTP framework traces its own requests when a global provider is set) would turn every
+    health probe into a trace."""
     env = os.environ if environ is None else environ
     exporters = tracing_wanted(env)
     if not exporters:

@@ -118,7 +118,7 @@ def build_worker(
     ``instance`` is the process slot (``--processes``): part of the transactional id.
     ``tracing`` defaults to what the OTEL_* variables ask for (``retryd.tracing``)."""
     if tracing is None:
-        tracing = tracing_from_env()
+        tracing = tracing_from_env(install_global=True)  # handlers' own spans go along
     role = role or settings.role
     topics = topics_for_role(settings, role)
     if not topics:

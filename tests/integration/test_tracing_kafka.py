@@ -26,6 +26,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from retryd.handlers.http_handler import decode_kafka_headers
 from retryd.policy import headers as h
 from retryd.tracing.context import parse_traceparent
+from tests.integration.sidecar_support import Env, SidecarProcess, failed_headers, seed
 from tests.integration.worker_support import REPO, deployment, stop_process
 from tests.support import http_service, produce, read_topic, wait_for
 
@@ -183,3 +184,32 @@ def test_main_tier_dead_letter_replay_is_one_trace(
     assert all(tp is not None and f"{tp.trace_id:032x}" == trace_id for tp in received)
     assert {f"{tp.span_id:016x}" for tp in received if tp is not None} == {s["span"] for s in calls}
     assert all(s["span"] in ids for s in calls)
+
+
+def test_a_sidecar_replay_continues_the_dead_letters_trace(
+    bootstrap: str, tmp_path: Path, collector: str
+) -> None:
+    """``POST /v1/failed/{partition}/{offset}/replay`` on a sidecar with tracing on: the copy
+    carries exactly one traceparent, its replay span's, a child of the dead letter's."""
+    env = Env(
+        bootstrap,
+        tmp_path / "state",
+        extra={"OTEL_EXPORTER_OTLP_ENDPOINT": collector, "OTEL_BSP_SCHEDULE_DELAY": "200"},
+    ).create(failed_partitions=1, main_partitions=1)
+    dead_letter = failed_headers(env.main, user=[("traceparent", PRODUCER.encode())])
+    seed(bootstrap, env.failed, [(b"k", b"v", dead_letter)])
+    with SidecarProcess(env, tmp_path / "sidecar.log") as sidecar, sidecar.client() as client:
+        answer = client.post("/v1/failed/0/0/replay")
+        assert answer.status_code == 200, answer.text
+        (copy,) = read_topic(bootstrap, env.main, expect=1)
+    # stopped: its spans are flushed
+    exported = wait_for(_spans, 30, what="the replay span")
+    (replay_span,) = exported
+    assert replay_span["name"] == f"{env.main} replay"
+    assert replay_span["kind"] == Span.SPAN_KIND_PRODUCER
+    assert replay_span["trace"] == PRODUCER.split("-")[1]
+    assert replay_span["parent"] == replay_span["links"][0] == PRODUCER.split("-")[2]
+    assert replay_span["attrs"]["retryd.replay_id"].string_value == answer.json()["replay_id"]
+    (traceparent,) = [v for k, v in copy.headers if k == "traceparent"]
+    parsed = parse_traceparent(traceparent)
+    assert parsed is not None and f"{parsed.span_id:016x}" == replay_span["span"]
