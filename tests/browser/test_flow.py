@@ -84,6 +84,7 @@ def test_filter_open_dry_run_replay_and_watch(explorer: Explorer, tab: Tab) -> N
     rows = page.locator("table#records tr.record")
     assert rows.count() == 3
     assert number(page.inner_text("#result-count")) == 3
+    assert rows.locator("td.replayed").all_inner_texts() == ["", "", ""]
 
     # One record: open it, dry-run, confirm, watch.
     with page.expect_navigation():
@@ -126,10 +127,11 @@ def test_filter_open_dry_run_replay_and_watch(explorer: Explorer, tab: Tab) -> N
     assert sorted(c.key for c in copies) == [b"ord-4403", b"ord-4407", b"ord-4411"]
 
     # Replaying does not delete: the dead letters stay in the failed topic and the list still
-    # shows them; the record page says it was replayed, and the overview no longer counts them
-    # as waiting.
+    # shows them, marked replayed (by the replay ledger); the record page says so, and the
+    # overview no longer counts them as waiting.
     page.goto(f"{explorer.url}/dead-letters?dead_reason={REASON}&original_topic={env.other}")
     assert rows.count() == 3
+    assert [t.strip() for t in rows.locator("td.replayed").all_inner_texts()] == ["yes"] * 3
     with page.expect_navigation():
         rows.first.locator("a.record-link").click()
     assert "Already replayed" in page.inner_text("#record-replayed")
