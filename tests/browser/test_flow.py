@@ -151,6 +151,13 @@ def test_replay_selected_with_the_keyboard(explorer: Explorer, tab: Tab) -> None
     sign_in(page, explorer.url, REPLAY_TOKEN, next_path="/ui/dead-letters?error_class=TimeoutError")
     rows = page.locator("table#records tr.record")
     assert rows.count() == 3  # realistic(): ord-4400, ord-4404, ord-4408
+    boxes = rows.locator("input.select-record")
+    # The header box ticks and unticks every box of the page (the script does it).
+    page.focus("input#select-all")
+    page.keyboard.press("Space")
+    assert all(b.is_checked() for b in boxes.all())
+    page.keyboard.press("Space")
+    assert not any(b.is_checked() for b in boxes.all())
     chosen = {b"ord-4404", b"ord-4408"}
     for key in sorted(chosen):
         box = rows.filter(has_text=key.decode()).locator("input.select-record")
