@@ -21,7 +21,11 @@ Where each mapping comes from (the exact encodings were read in these sources):
   (``addExceptionInfoHeaders``: ``kafka_dlt-exception-fqcn``, ``-exception-cause-fqcn``,
   ``-exception-message``, ``-exception-stacktrace``, and ``kafka_dlt-key-exception-*`` for a
   key that failed to deserialize) are UTF-8 text, previous ones removed by default
-  (``stripPreviousExceptionHeaders``): the last one wins.
+  (``stripPreviousExceptionHeaders``): the last one wins. Spring's non-blocking retries
+  (``DeadLetterPublishingRecovererFactory``) stamp every record they forward, the DLT's
+  included, with ``retry_topic-attempts`` = the forwarded record's attempt number + 1, one byte
+  in older versions (``BigInteger.toByteArray``) or a 4-byte big-endian int (``getAttempts``
+  reads both): on a DLT record it is the deliveries made + 1, so retries made = value - 2.
 * ``karafka``: Karafka's DLQ dispatch (``build_dlq_message`` of its DLQ strategies): the
   original headers merged with ``source_topic``, ``source_partition``, ``source_offset``,
   ``source_consumer_group``, ``source_attempts`` (attempts made) and ``source_trace_id``, every
@@ -95,6 +99,7 @@ SPRING_KEY_MESSAGE = "kafka_dlt-key-exception-message"
 SPRING_KEY_STACKTRACE = "kafka_dlt-key-exception-stacktrace"
 # Spring's non-blocking retries (RetryTopicHeaders): stale on a replayed record, so stripped.
 SPRING_RETRY_PREFIX = "retry_topic-"
+SPRING_ATTEMPTS = "retry_topic-attempts"
 _SPRING_WRAPPER = "org.springframework.kafka.listener.ListenerExecutionFailedException"
 
 # --- Karafka (DLQ strategies, build_dlq_message) ----------------------------------------------
@@ -351,8 +356,18 @@ def _spring(r: _Reader) -> dict[str, str | int | None]:
         error_class=error_class,
         error_message=message,
         dead_reason=h.DEAD_MALFORMED if malformed else None,
+        retry_number=_spring_retries(r.raw(SPRING_ATTEMPTS, first=False)),
         group=r.text(SPRING_GROUP, first=True, limit=GROUP_MAX_BYTES),
     )
+
+
+def _spring_retries(raw: bytes | None) -> int | None:
+    """Retries made, from a DLT record's ``retry_topic-attempts`` (deliveries made + 1): one
+    byte or a 4-byte big-endian int, as Spring reads it; anything else is not guessed."""
+    if raw is None or len(raw) not in (1, 4):
+        return None
+    stamped = int.from_bytes(raw, "big", signed=True)
+    return stamped - 2 if stamped >= 2 else None
 
 
 def _karafka(r: _Reader) -> dict[str, str | int | None]:

@@ -108,6 +108,25 @@ def test_spring_binary_numbers_and_wrapped_cause() -> None:
     }
 
 
+@pytest.mark.parametrize(
+    ("value", "retries"),
+    [
+        (b"\x04", 2),  # one byte (older Spring): 3 deliveries, the DLT stamped 3 + 1
+        ((4).to_bytes(4, "big"), 2),  # ByteBuffer.putInt (current Spring)
+        ((2).to_bytes(4, "big"), 0),  # dead-lettered on the first delivery
+        (b"\x00\x04", None),  # neither length Spring reads
+        ((-1).to_bytes(4, "big", signed=True), None),
+    ],
+)
+def test_spring_retry_topic_attempts_give_the_retries_made(
+    value: bytes, retries: int | None
+) -> None:
+    got = to_dead_letter_fields(
+        ForeignFormat.SPRING, [*spring_headers(), ("retry_topic-attempts", value)]
+    )
+    assert got.fields[h.RETRY_NUMBER] == retries
+
+
 def test_spring_first_original_header_wins_and_last_exception() -> None:
     """appendOriginalHeaders (default true): a record dead-lettered twice carries two sets."""
     hops = [
