@@ -8,6 +8,8 @@ bulkhead threads through the API's own functions (``offload``, ``browse``, ``rea
 
 from __future__ import annotations
 
+import base64
+import binascii
 import logging
 import time
 from typing import Annotated, Any
@@ -198,6 +200,15 @@ async def static(request: Request, name: Annotated[str, Path(max_length=64)]) ->
 # ------------------------------------------------------------------ browse
 
 
+def _binary_key(data: str) -> str:
+    """A key that is not UTF-8, as hex like on the record page (the API gives it in base64)."""
+    try:
+        raw = base64.b64decode(data[:160], validate=True)  # 120 bytes: more than a cell shows
+    except (binascii.Error, ValueError):
+        return "(unreadable key)"
+    return "0x" + raw[:60].hex() + ("…" if len(raw) > 60 or len(data) > 160 else "")
+
+
 def _row(item: dict[str, Any], topic: str) -> dict[str, Any]:
     env = item["retryd"]
     key = item["key"]
@@ -206,7 +217,7 @@ def _row(item: dict[str, Any], topic: str) -> dict[str, Any]:
         if key["encoding"] is None
         else pv.short(key["data"], 120)
         if key["encoding"] == "utf-8"
-        else "base64:" + key["data"][:120]
+        else _binary_key(key["data"])
     )
     msg = env.get(h.ERROR_MESSAGE)
     cls = env.get(h.ERROR_CLASS)

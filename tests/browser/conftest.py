@@ -245,7 +245,7 @@ class Explorer:
         return next(d for d in self.realistic + self.hostile if d.name == name)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def sidecars(
     bootstrap: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, Explorer]]:
@@ -306,7 +306,7 @@ def sidecars(
             e.sidecar.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def explorer(sidecars: dict[str, Explorer]) -> Explorer:
     return sidecars["explorer"]
 
@@ -314,7 +314,7 @@ def explorer(sidecars: dict[str, Explorer]) -> Explorer:
 # --- the browser -------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def browser() -> Iterator[Any]:
     path = chromium_path()
     if path is None:

@@ -178,3 +178,16 @@ def test_buckets_and_sparkline() -> None:
     assert points == "0.0,23.0 60.0,12.0 120.0,1.0"
     assert sparkline_points([]) == ""
     assert sparkline_points([0, 0]) == "0.0,23.0 120.0,23.0"
+
+
+def test_a_binary_key_is_hex_in_the_list_as_on_the_record_page() -> None:
+    """The API hands a key that is not UTF-8 in base64; the list shows it as the record page
+    does (hex), cut at a cell's bound, and an unreadable one as such."""
+    import base64
+
+    from retryd.explorer.routes import _binary_key
+
+    assert _binary_key(base64.b64encode(b"\xff\xfe\x00ab").decode()) == "0xfffe006162"
+    long = _binary_key(base64.b64encode(bytes(range(256))).decode())
+    assert long.startswith("0x000102") and long.endswith("…") and len(long) == 2 + 120 + 1
+    assert _binary_key("not base64!") == "(unreadable key)"
