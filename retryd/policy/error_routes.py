@@ -30,7 +30,6 @@ parses and validates them (at start-up: every problem names its route).
 from __future__ import annotations
 
 import enum
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -38,6 +37,7 @@ from typing import Any
 
 from retryd.errors import ConfigError, SequenceError
 from retryd.policy.backoff import Backoff, parse_backoff
+from retryd.policy.tables import table_from_value
 
 __all__ = [
     "DEAD_TARGET",
@@ -240,42 +240,10 @@ def routes_from_value(value: Any) -> dict[str, str]:
     TOML gives a table; ``RETRYD_ERROR_ROUTES`` is a JSON object or ``matcher=target`` pairs
     separated by ``;`` (targets hold commas: ``TimeoutError=exp(1s, n=5); http_5xx=1m,5m``).
     Raises ValueError naming what could not be read."""
-    if value is None:
-        return {}
-    if isinstance(value, str):
-        text = value.strip()
-        if not text:
-            return {}
-        if text.startswith("{"):
-            try:
-                value = json.loads(text)
-            except ValueError as exc:
-                raise ValueError(f"not a JSON object of matcher -> target: {exc}") from exc
-        else:
-            value = _pairs(text)
-    if not isinstance(value, Mapping):
-        raise ValueError(
-            "must be a table of matcher -> target (TOML), a JSON object, or "
-            "'matcher=target; matcher=target'"
-        )
+    value = table_from_value(value, name="matcher", value_name="target")
     out: dict[str, str] = {}
     for name, target in value.items():
         if not isinstance(name, str):
             raise ValueError(f"matcher {name!r} is not text")
         out[name.strip()] = _target_text(name, target)
-    return out
-
-
-def _pairs(text: str) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for item in text.split(";"):
-        if not item.strip():
-            continue
-        name, sep, target = item.partition("=")
-        name = name.strip()
-        if not sep:
-            raise ValueError(f"{item.strip()!r}: expected matcher=target")
-        if name in out:
-            raise ValueError(f"matcher {name!r} given twice")
-        out[name] = target.strip()
     return out

@@ -58,12 +58,13 @@ dispatches once its retries ran out (``exhausted``); a Connect converter stage o
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 from retryd.policy import headers as h
 from retryd.policy.sequence import is_topic_name
+from retryd.policy.tables import table_from_value
 
 AUTO: Final = "auto"
 
@@ -175,31 +176,9 @@ def topics_from_value(value: Any) -> dict[str, str]:
     """``foreign_dead_letters`` from any source, as topic -> format name: a TOML table, a JSON
     object, or ``topic=format`` pairs separated by ``;`` or ``,`` (the environment). Raises
     ValueError naming what is wrong (a topic that is no Kafka topic name, an unknown format)."""
-    import json
-
-    if value is None:
-        return {}
-    if isinstance(value, str):
-        text = value.strip()
-        if not text:
-            return {}
-        if text.startswith("{"):
-            try:
-                value = json.loads(text)
-            except ValueError as exc:
-                raise ValueError(f"not a JSON object of topic -> format: {exc}") from exc
-        else:
-            pairs: dict[str, str] = {}
-            for item in text.replace(",", ";").split(";"):
-                if not item.strip():
-                    continue
-                topic, sep, fmt = item.partition("=")
-                if not sep:
-                    raise ValueError(f"{item.strip()[:80]!r}: expected topic=format")
-                pairs[topic.strip()] = fmt.strip()
-            value = pairs
-    if not isinstance(value, Mapping):
-        raise ValueError("must be a table of topic -> format, a JSON object or 'topic=format; ...'")
+    if isinstance(value, str) and not value.strip().startswith("{"):
+        value = value.replace(",", ";")  # formats hold no commas: either separator
+    value = table_from_value(value, name="topic", value_name="format")
     out: dict[str, str] = {}
     for topic, fmt in value.items():
         if not isinstance(topic, str) or not is_topic_name(topic):
