@@ -46,8 +46,12 @@ Where each mapping comes from (the exact encodings were read in these sources):
   ``__dlq.errors.partition``, ``__dlq.errors.offset``, ``__dlq.errors.group``,
   ``__dlq.errors.delivery.count`` (optional) and ``__dlq.errors.message`` (optional: the
   ``ShareGroupDLQThrowable`` message, "Offset rejected by client." or "Offset delivery count
-  exceeded the threshold."), all UTF-8 with decimal numbers. The broker copies key and value
-  only (no original headers) and stamps the DLQ write time, so there is no original timestamp.
+  exceeded the threshold."), all UTF-8 with decimal numbers, in that order. The broker copies
+  key and value only with the group config ``errors.deadletterqueue.copy.record.enable=true``
+  (default false: headers only, null key and value), never the original headers, and stamps
+  the DLQ write time, so there is no original timestamp. A real 4.4.0 broker writes exactly
+  this (tests/integration/test_share_group_dlq.py): delivery count 1 for a rejection, the
+  group's ``share.delivery.count.limit`` for a record archived at the limit.
 
 The dead reason stays within retryd's vocabulary and is given only where the source says it:
 a share group's rejection is ``non_retryable`` and its delivery limit ``exhausted``; Karafka
