@@ -142,6 +142,9 @@ def replay_partition(spec: TaskSpec, rows: Iterator[Any]) -> Iterator[dict[str, 
             if time.monotonic() - last_refresh > LEDGER_REFRESH_S:
                 task.ledger.refresh()  # the sidecar may have replayed some meanwhile
                 last_refresh = time.monotonic()
+            if rec.nothing_to_replay is not None:  # a share group's headers-only DLQ record
+                task.skipped["no_payload"] += 1
+                continue
             known = task.ledger.is_replayed(rec.coord)
             if known and not spec.force:
                 task.skipped["already_replayed"] += 1

@@ -29,6 +29,11 @@ class InvalidTarget(TargetRefused):
     """No usable target: the record has no original topic, or the topic does not exist."""
 
 
+class NothingToReplay(ReplayError):
+    """The dead letter holds nothing to replay: another system dead-lettered its headers only
+    (a share group without ``errors.deadletterqueue.copy.record.enable``)."""
+
+
 class InvalidRequest(ReplayError):
     """A request is well-formed but makes no sense here (bad cursor, unknown partition…)."""
 

@@ -35,6 +35,7 @@ from retryd.replay.copies import (
 from retryd.replay.errors import (
     BrokerUnavailable,
     InvalidTarget,
+    NothingToReplay,
     ReplayError,
     ScanIncomplete,
     TargetRefused,
@@ -238,6 +239,8 @@ class ReplayJob:
             return "target_reserved", None
         except TargetRefused:
             return "target_not_allowed", None
+        except NothingToReplay:
+            return "no_payload", None
         try:
             if self.policy.partitions(target) is None:
                 return "target_missing", target

@@ -69,6 +69,20 @@ class FailedRecord:
         return Coord(self.topic, self.partition, self.offset)
 
     @property
+    def nothing_to_replay(self) -> str | None:
+        """Why a replay of this record would send nothing of it, or None. A share group's
+        dead-letter queue holds the headers only (no key, no value) unless the group copies
+        records (Kafka 4.4 writes them so by default): a copy would be an empty record."""
+        if self.format is ForeignFormat.SHARE_GROUP and self.key is None and self.value is None:
+            return (
+                f"dead letter {self.coord} holds no key and no value: its share group "
+                "dead-letters headers only (set the group config "
+                "errors.deadletterqueue.copy.record.enable=true to keep the records); "
+                "there is nothing to replay"
+            )
+        return None
+
+    @property
     def envelope(self) -> dict[str, str | int | None]:
         if self.format is ForeignFormat.RETRYD:
             return h.decode_lenient(self.headers)

@@ -13,7 +13,7 @@ from retryd.errors import SequenceError
 from retryd.kafka.clients import reader_config
 from retryd.policy.sequence import validate_topic_name
 from retryd.replay.clients import KAFKA, ReplayClients
-from retryd.replay.errors import InvalidTarget, TargetRefused, TargetReserved
+from retryd.replay.errors import InvalidTarget, NothingToReplay, TargetRefused, TargetReserved
 from retryd.replay.records import FailedRecord
 from retryd.replay.scan import partitions_of
 
@@ -65,7 +65,11 @@ class TargetPolicy:
         self._lock = threading.Lock()
 
     def choose(self, rec: FailedRecord, target: str | None) -> str:
-        """The target topic for ``rec``; raises TargetRefused with the reason."""
+        """The target topic for ``rec``; raises TargetRefused with the reason (and
+        NothingToReplay for a dead letter that holds no record)."""
+        empty = rec.nothing_to_replay
+        if empty is not None:
+            raise NothingToReplay(empty)
         topic = target or rec.original_topic
         if not topic:
             raise InvalidTarget(

@@ -131,6 +131,15 @@ def provision_connect(version: str | None = None) -> Path:
     return libs
 
 
+def has_javac() -> bool:
+    """Whether a JDK is at hand to build the test sink connector."""
+    try:
+        _javac()
+    except BrokerStartError:
+        return False
+    return True
+
+
 def _javac() -> str:
     """The ``javac`` beside the ``java`` that runs Kafka (same JDK), else the one on PATH."""
     beside = java_binary().resolve().parent / "javac"

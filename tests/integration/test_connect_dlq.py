@@ -23,7 +23,7 @@ from retryd.kafka.apache import resolve_version
 from retryd.policy import foreign as f
 from retryd.policy import headers as h
 from retryd.policy.headers import REPLAY_ID, REPLAYED_FROM
-from tests.integration.connect_support import SINK_CONNECTOR, ConnectStandalone
+from tests.integration.connect_support import SINK_CONNECTOR, ConnectStandalone, has_javac
 from tests.integration.sidecar_support import Env, SidecarProcess, pretty
 from tests.support import ON_TANSU, Record, create_topics, produce, read_topic, unique, wait_for
 
@@ -34,6 +34,11 @@ pytestmark = [
     pytest.mark.skipif(
         not VERSION.startswith("4.4."),
         reason=f"the Connect worker is pinned to the 4.4 line; the broker is {VERSION}",
+    ),
+    pytest.mark.skipif(
+        not has_javac(),
+        reason="no JDK (javac) to build the test sink connector: scripts/test installs "
+        "openjdk-17-jdk-headless as root, or set RETRYD_KAFKA_JAVA to a JDK's java",
     ),
 ]
 

@@ -9,7 +9,9 @@ config ``errors.deadletterqueue.topic.name`` names a topic that starts with the 
 ``errors.deadletterqueue.auto.create.topics.enable``, off by default, so the test creates it);
 ``share.version`` 2 is the default feature level of a cluster formatted by 4.4. Without
 ``errors.deadletterqueue.copy.record.enable=true`` the broker writes headers only (no key, no
-value): the test turns it on so the replayed copy carries the original record. A record goes
+value): the test turns it on for one group so the replayed copy carries the original record,
+and keeps the default for a second group, whose headers-only dead letter retryd refuses to
+replay (422 ``nothing_to_replay``: the copy would be an empty record). A record goes
 to the DLQ when a consumer acknowledges it REJECT, or when its delivery count reaches
 ``share.delivery.count.limit`` (here 2: released twice).
 
@@ -35,7 +37,7 @@ from confluent_kafka.admin import (
 )
 
 from retryd.policy.headers import REPLAY_ID, REPLAYED_FROM
-from tests.integration.sidecar_support import Env, SidecarProcess, pretty
+from tests.integration.sidecar_support import Env, SidecarProcess, pretty, wait_job
 from tests.support import ON_TANSU, Record, create_topics, produce, read_topic, wait_for
 
 
@@ -66,12 +68,13 @@ DLQ_HEADERS = [
 ]
 
 
-def configure_share_group(bootstrap: str, group: str, dlq: str) -> None:
+def configure_share_group(bootstrap: str, group: str, dlq: str, *, copy: bool = True) -> None:
     """The group's configs (IncrementalAlterConfigs on the GROUP resource); a broker that does
-    not know them (older than 4.4) skips the test."""
+    not know them (older than 4.4) skips the test. ``copy=False`` keeps the broker's default:
+    dead letters of headers only."""
     entries = {
         "errors.deadletterqueue.topic.name": dlq,
-        "errors.deadletterqueue.copy.record.enable": "true",
+        "errors.deadletterqueue.copy.record.enable": "true" if copy else "false",
         "share.auto.offset.reset": "earliest",  # the records are produced before the join
         "share.delivery.count.limit": "2",
     }
@@ -111,15 +114,19 @@ def share_consume(
     return handled
 
 
-def dead_letter_by_share_group(bootstrap: str, group: str, topic: str) -> list[tuple[int, str]]:
-    """Offsets 0 and 1 rejected; offset 2 released until the delivery limit archives it."""
-    consumer = ShareConsumer(
+def new_share_consumer(bootstrap: str, group: str) -> ShareConsumer:
+    return ShareConsumer(
         {
             "bootstrap.servers": bootstrap,
             "group.id": group,
             "share.acknowledgement.mode": "explicit",
         }
     )
+
+
+def dead_letter_by_share_group(bootstrap: str, group: str, topic: str) -> list[tuple[int, str]]:
+    """Offsets 0 and 1 rejected; offset 2 released until the delivery limit archives it."""
+    consumer = new_share_consumer(bootstrap, group)
     seen: list[tuple[int, str]] = []
     try:
         consumer.subscribe([topic])
@@ -151,9 +158,35 @@ def test_the_broker_dead_letters_a_share_groups_records_and_retryd_replays_one(
     originals = read_topic(bootstrap, env.main, expect=3)
 
     dead_letter_by_share_group(bootstrap, share_group, env.main)
+    # A second group keeps the broker's default (no copy of the record): it rejects offset 0,
+    # whose dead letter then holds the headers only, and accepts the rest.
+    bare_group = f"{env.group}.auditors"
+    configure_share_group(bootstrap, bare_group, dlq, copy=False)
+    bare = new_share_consumer(bootstrap, bare_group)
+    try:
+        bare.subscribe([env.main])
+        acked: set[int] = set()
 
-    dead: list[Record] = read_topic(bootstrap, dlq, expect=3)
-    assert len(dead) == 3
+        def rejected_first() -> bool:
+            acked.update(
+                offset
+                for offset, _ in share_consume(
+                    bare,
+                    lambda o: AcknowledgeType.REJECT if o == 0 else AcknowledgeType.ACCEPT,
+                )
+            )
+            return acked == {0, 1, 2}
+
+        wait_for(rejected_first, 25, 0, f"share group {bare_group} to reject offset 0")
+    finally:
+        bare.close()
+
+    every: list[Record] = read_topic(bootstrap, dlq, expect=4)
+    assert len(every) == 4
+    (headers_only,) = [r for r in every if r.header("__dlq.errors.group") == bare_group.encode()]
+    assert (headers_only.key, headers_only.value) == (None, None)
+    assert [name for name, _ in headers_only.headers] == DLQ_HEADERS, headers_only.headers
+    dead = [r for r in every if r is not headers_only]
     for i, rec in enumerate(sorted(dead, key=lambda r: int(r.header("__dlq.errors.offset") or 0))):
         # exactly these headers, in this order, all UTF-8 text; the original "trace" is gone
         assert [name for name, _ in rec.headers] == DLQ_HEADERS, rec.headers
@@ -173,7 +206,26 @@ def test_the_broker_dead_letters_a_share_groups_records_and_retryd_replays_one(
     try:
         with sidecar.client() as c:
             page = c.get("/v1/failed", params={"topic": dlq, "limit": 10}).json()
-            assert len(page["items"]) == 3 and not page["has_more"], pretty(page)
+            assert len(page["items"]) == 4 and not page["has_more"], pretty(page)
+            (bare_item,) = [i for i in page["items"] if i["retryd"]["retryd_group"] == bare_group]
+            # headers only: browsable, but a replay would send an empty record, so none is made
+            refused = c.post(
+                f"/v1/failed/{bare_item['partition']}/{bare_item['offset']}/replay",
+                params={"topic": dlq},
+            )
+            assert refused.status_code == 422, refused.text
+            assert refused.json()["error"] == "nothing_to_replay", refused.text
+            assert "errors.deadletterqueue.copy.record.enable" in refused.json()["detail"]
+            job = c.post(
+                "/v1/replays",
+                json={"topic": dlq, "filter": {"since_ms": bare_item["timestamp"]}},
+            )
+            assert job.status_code in (200, 201, 202), job.text
+            ended = wait_job(c, job.json()["id"])
+            assert ended["state"] == "completed", pretty(ended)
+            assert ended["replayed"] == 0, pretty(ended)
+            assert ended["skipped_reasons"] == {"no_payload": 1}, pretty(ended)
+            page["items"].remove(bare_item)
             by_offset = {item["retryd"]["retryd_original_offset"]: item for item in page["items"]}
             assert sorted(by_offset) == [0, 1, 2], pretty(page)
             for offset, item in by_offset.items():
@@ -191,7 +243,7 @@ def test_the_broker_dead_letters_a_share_groups_records_and_retryd_replays_one(
                 assert mapped.get("retryd_original_timestamp") is None, pretty(item)
                 assert not [h for h in item["headers"] if h["name"].startswith("__dlq.")]
             rejected = c.get("/v1/failed", params={"topic": dlq, "dead_reason": "non_retryable"})
-            assert len(rejected.json()["items"]) == 2, rejected.text
+            assert len(rejected.json()["items"]) == 3, rejected.text  # both groups' rejects
 
             source = by_offset[0]
             done = c.post(

@@ -471,3 +471,25 @@ def test_any_headers_map_without_raising(headers: list[tuple[object, ...]], stam
         strip_foreign(fmt, headers)  # type: ignore[arg-type]
     found = detect(headers)
     assert found is None or isinstance(found, ForeignFormat)
+
+
+def test_a_headers_only_share_group_dead_letter_is_not_replayed() -> None:
+    """Kafka 4.4 dead-letters a share group's record as headers only unless the group sets
+    errors.deadletterqueue.copy.record.enable: replaying it would send an empty record, so the
+    target choice refuses it (422 nothing_to_replay in the API, skip reason no_payload in a
+    job and in Spark); one with its record copied, or a tombstone of another format, goes."""
+    from retryd.replay.errors import NothingToReplay
+    from retryd.replay.targets import TargetPolicy
+
+    bare = spring_record(format=ForeignFormat.SHARE_GROUP, headers=SHARE, key=None, value=None)
+    assert bare.nothing_to_replay is not None
+    assert "errors.deadletterqueue.copy.record.enable" in bare.nothing_to_replay
+    copied = spring_record(format=ForeignFormat.SHARE_GROUP, headers=SHARE)
+    keyless = spring_record(format=ForeignFormat.SHARE_GROUP, headers=SHARE, key=None)
+    tombstone = spring_record(key=None, value=None)
+    assert copied.nothing_to_replay is keyless.nothing_to_replay is None
+    assert tombstone.nothing_to_replay is None
+    policy = TargetPolicy({"bootstrap.servers": "unused:9092"}, ["jobs"])
+    with pytest.raises(NothingToReplay, match="nothing to replay"):
+        policy.choose(bare, None)
+    assert policy.choose(copied, None) == "jobs"
