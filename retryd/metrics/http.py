@@ -46,8 +46,8 @@ HTTP_DURATION = Histogram(
 )
 AUTH_FAILURES = Counter(
     "retryd_http_auth_failures",
-    "Rejected /v1 requests: missing_token and invalid_token answer 401, "
-    "insufficient_scope answers 403",
+    "Rejected /v1 requests and explorer sign-ins and acts: missing_token and invalid_token "
+    "answer 401, insufficient_scope answers 403",
     ["reason"],
     registry=LOCAL,
 )
