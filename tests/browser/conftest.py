@@ -316,6 +316,9 @@ def explorer(sidecars: dict[str, Explorer]) -> Explorer:
 
 @pytest.fixture(scope="package")
 def browser() -> Iterator[Any]:
+    """One chromium for the browser tests. Package scope, not session: Playwright's sync API
+    keeps an asyncio loop running in the main thread while it is open, and a later test's
+    ``asyncio.run`` (tests/integration/test_sidecar_liveness.py) would fail on it."""
     path = chromium_path()
     if path is None:
         pytest.skip(NO_CHROMIUM)
