@@ -23,10 +23,9 @@ from retryd.api.limits import offload
 from retryd.explorer import preview as pv
 from retryd.explorer.filters import FilterProblem, UiFilter, read_records
 from retryd.explorer.newest import browse_newest
-from retryd.explorer.routes import check_post, first, read_form, replay_error_page
+from retryd.explorer.routes import check_post, first, read_form, record_row, replay_error_page
 from retryd.explorer.sessions import Session
 from retryd.explorer.web import Explorer, Single, explorer_of, session_of
-from retryd.policy import headers as h
 from retryd.policy.timespec import format_instant
 from retryd.replay.browse import read_record
 from retryd.replay.errors import ReplayError
@@ -132,24 +131,6 @@ async def _act_form(
         return session, None, replay_error_page(request, exc, session, "/ui/dead-letters")
 
 
-def _sample_rows(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    rows = []
-    for item in items:
-        env = item["retryd"]
-        cls = env.get(h.ERROR_CLASS)
-        reason = env.get(h.DEAD_REASON)
-        rows.append(
-            {
-                "partition": item["partition"],
-                "offset": item["offset"],
-                "time": format_instant(item["timestamp"]),
-                "reason": pv.short(reason if isinstance(reason, str) else ""),
-                "error_class": pv.short(cls if isinstance(cls, str) else "", 120),
-            }
-        )
-    return rows
-
-
 @router.post("/replay/dry-run")
 async def dry_run(request: Request) -> Response:
     session, sel, answer = await _act_form(request)
@@ -203,7 +184,7 @@ async def dry_run(request: Request) -> Response:
         state=STATE_WORDS.get(snap["state"], snap["state"]),
         finished=job.finished,
         job_id=job.id,
-        sample=_sample_rows(items),
+        sample=[record_row(item, sel.topic) for item in items],
         fields=sel.fields(),
         rate=sel.rate,
         bulk=sel.mode != "one",

@@ -113,9 +113,16 @@ def cell(data: bytes | None, limit: int = CELL_MAX) -> str:
         if exc.start >= len(head) - 3 and len(data) > len(head):
             text = head[: exc.start].decode("utf-8")  # cut inside a character: fine
         else:
-            return "0x" + head[: limit // 2].hex() + ("…" if len(data) > limit // 2 else "")
+            return hex_cell(data, limit)
     shown = neutralise(text[:limit])
     return shown + ("…" if len(text) > limit or len(data) > len(head) else "")
+
+
+def hex_cell(data: bytes, limit: int = CELL_MAX, *, more: bool = False) -> str:
+    """Bytes as ``0x`` hex for a table cell: ``limit // 2`` bytes shown, ``…`` when there is
+    more (``more``: more than ``data`` holds)."""
+    shown = limit // 2
+    return "0x" + data[:shown].hex() + ("…" if more or len(data) > shown else "")
 
 
 def short(text: str | None, limit: int = CELL_MAX) -> str:

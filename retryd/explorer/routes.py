@@ -206,10 +206,12 @@ def _binary_key(data: str) -> str:
         raw = base64.b64decode(data[:160], validate=True)  # 120 bytes: more than a cell shows
     except (binascii.Error, ValueError):
         return "(unreadable key)"
-    return "0x" + raw[:60].hex() + ("…" if len(raw) > 60 or len(data) > 160 else "")
+    return pv.hex_cell(raw, 120, more=len(data) > 160)
 
 
-def _row(item: dict[str, Any], topic: str) -> dict[str, Any]:
+def record_row(item: dict[str, Any], topic: str) -> dict[str, Any]:
+    """A dead letter (as the API renders it) as a table row of the list or a dry run's
+    sample: cut, neutralised text, the key as the record page shows it."""
     env = item["retryd"]
     key = item["key"]
     key_text = (
@@ -315,7 +317,8 @@ async def browse_page(
         f=uf,
         filter_fields=uf.items(),
         rows=[
-            {**_row(item, topic), "replayed": item["coordinate"] in replayed} for item in page.items
+            {**record_row(item, topic), "replayed": item["coordinate"] in replayed}
+            for item in page.items
         ],
         next_href="/ui/dead-letters?" + uf.query(**sized, cursor=page.next_cursor),
         first_href="/ui/dead-letters?" + uf.query(**sized),
