@@ -32,7 +32,7 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -135,17 +135,50 @@ def _pom_digest() -> str:
 
 
 def provision(version: str | None = None) -> Path:
-    """The directory of the broker's jars for ``version``, resolving them with Maven if needed.
-
-    Quick when present: a stamp holding the pom's digest marks a complete copy, so a warm
-    call reads one small file and never starts Maven (a changed pom re-provisions). Parallel
-    callers (pytest-xdist workers) serialise on a lock file; the jars are copied into a
-    temporary directory and renamed into place, so nobody ever sees half a classpath."""
+    """The directory of the broker's jars for ``version``, resolving them with Maven if needed
+    (``fetch_with_maven``)."""
     version = resolve_version(version)
     root = cache_root() / version
+    props = {"kafka.version": version, **({"kafka.legacy": "true"} if _is_legacy(version) else {})}
+
+    def drop_stale_archives(_new_libs: Path) -> None:
+        for stale in root.glob("cds-*.jsa"):  # archives are only valid for the old jars
+            stale.unlink(missing_ok=True)
+
+    return fetch_with_maven(
+        POM,
+        root,
+        _pom_digest(),
+        props,
+        name=f"Apache Kafka {version}",
+        artifact=f"org.apache.kafka:kafka_2.13:{version}",
+        expect="kafka_2.13-*.jar",
+        finish=drop_stale_archives,
+    )
+
+
+def fetch_with_maven(
+    pom_source: Path,
+    root: Path,
+    digest: str,
+    properties: Mapping[str, str],
+    *,
+    name: str,
+    artifact: str,
+    expect: str,
+    finish: Callable[[Path], None] | None = None,
+    timeout_s: float = _MVN_TIMEOUT_S,
+) -> Path:
+    """``root/libs``: the runtime dependencies of ``pom_source`` (with ``properties``) copied
+    there by Maven, unless a complete copy is there already.
+
+    Quick when present: a stamp holding ``digest`` marks a complete copy, so a warm call reads
+    one small file and never starts Maven (a changed digest re-provisions). Parallel callers
+    (pytest-xdist workers) serialise on a lock file; the jars are copied into a temporary
+    directory, which must hold ``expect`` (a glob), then ``finish`` runs on it and it is renamed
+    into place, so nobody ever sees half a classpath."""
     libs = root / "libs"
     stamp = root / "provisioned"
-    digest = _pom_digest()
 
     def done() -> bool:
         try:
@@ -158,7 +191,7 @@ def provision(version: str | None = None) -> Path:
     mvn = os.environ.get("RETRYD_MVN") or shutil.which("mvn")
     if not mvn:
         raise BrokerStartError(
-            "Maven (mvn) is needed to fetch Apache Kafka from Maven Central: install it "
+            f"Maven (mvn) is needed to fetch {name} from Maven Central: install it "
             "(apt-get install maven) or set RETRYD_MVN"
         )
     root.mkdir(parents=True, exist_ok=True)
@@ -167,7 +200,7 @@ def provision(version: str | None = None) -> Path:
         if done():  # another worker finished while we waited
             return libs
         pom = root / "pom.xml"  # Maven may write next to its pom; the package may be read-only
-        shutil.copyfile(POM, pom)
+        shutil.copyfile(pom_source, pom)
         tmp = Path(tempfile.mkdtemp(prefix="libs.tmp-", dir=root))
         cmd = [
             mvn,
@@ -178,35 +211,36 @@ def provision(version: str | None = None) -> Path:
             "dependency:copy-dependencies",
             "-DincludeScope=runtime",
             f"-DoutputDirectory={tmp}",
-            f"-Dkafka.version={version}",
+            *(f"-D{key}={value}" for key, value in properties.items()),
         ]
-        if _is_legacy(version):
-            cmd.append("-Dkafka.legacy=true")
-        log.info("provisioning Apache Kafka %s into %s", version, libs)
+        log.info("provisioning %s into %s", name, libs)
         started = time.monotonic()
         try:
             result = subprocess.run(
-                cmd, capture_output=True, text=True, timeout=_MVN_TIMEOUT_S, cwd=root
+                cmd, capture_output=True, text=True, timeout=timeout_s, cwd=root
             )
         except (OSError, subprocess.TimeoutExpired) as exc:
             shutil.rmtree(tmp, ignore_errors=True)
             raise BrokerStartError(f"cannot run Maven ({mvn}): {exc}") from exc
-        if result.returncode != 0 or not any(tmp.glob("kafka_2.13-*.jar")):
+        if result.returncode != 0 or not any(tmp.glob(expect)):
             shutil.rmtree(tmp, ignore_errors=True)
             output = _tail_text(result.stdout + result.stderr)
             raise BrokerStartError(
-                f"Maven could not resolve org.apache.kafka:kafka_2.13:{version} "
-                f"(exit {result.returncode}):\n{output}"
+                f"Maven could not resolve {artifact} (exit {result.returncode}):\n{output}"
             )
+        try:
+            if finish is not None:
+                finish(tmp)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
         shutil.rmtree(libs, ignore_errors=True)
-        for stale in root.glob("cds-*.jsa"):  # archives are only valid for the old jars
-            stale.unlink(missing_ok=True)
         tmp.chmod(0o755)  # mkdtemp's 0700 would hide the jars from other users of the cache
         os.replace(tmp, libs)
         stamp_tmp = root / "provisioned.tmp"
         stamp_tmp.write_text(digest + "\n")
         os.replace(stamp_tmp, stamp)
-        log.info("provisioned Kafka %s in %.1fs", version, time.monotonic() - started)
+        log.info("provisioned %s in %.1fs", name, time.monotonic() - started)
     return libs
 
 

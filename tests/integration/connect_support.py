@@ -18,7 +18,6 @@ directory. ``ConnectStandalone`` runs one worker with one connector from that cl
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import os
 import shutil
@@ -33,7 +32,14 @@ from types import TracebackType
 import httpx
 
 from retryd.errors import BrokerStartError
-from retryd.kafka.apache import JVM_FLAGS, cache_root, classpath, java_binary, resolve_version
+from retryd.kafka.apache import (
+    JVM_FLAGS,
+    cache_root,
+    classpath,
+    fetch_with_maven,
+    java_binary,
+    resolve_version,
+)
 from retryd.kafka.embedded import _die_with_parent, free_port
 from tests.support import wait_for
 
@@ -66,69 +72,20 @@ def connect_root(version: str) -> Path:
 
 def provision_connect(version: str | None = None) -> Path:
     """The directory of Kafka Connect's jars for ``version`` (the broker's by default),
-    resolving them with Maven on first use; later calls read one stamp file."""
+    resolving them with Maven on first use (the broker's ``fetch_with_maven``), the test sink
+    connector built into them; later calls read one stamp file."""
     version = resolve_version(version)
-    root = connect_root(version)
-    libs = root / "libs"
-    stamp = root / "provisioned"
-    digest = hashlib.sha256(POM.read_bytes() + SINK_SOURCE.read_bytes()).hexdigest()
-
-    def done() -> bool:
-        try:
-            return stamp.read_text().strip() == digest and libs.is_dir()
-        except OSError:
-            return False
-
-    if done():
-        return libs
-    mvn = os.environ.get("RETRYD_MVN") or shutil.which("mvn")
-    if not mvn:
-        raise BrokerStartError("Maven (mvn) is needed to fetch Kafka Connect from Maven Central")
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        if done():
-            return libs
-        pom = root / "pom.xml"
-        shutil.copyfile(POM, pom)
-        tmp = Path(tempfile.mkdtemp(prefix="libs.tmp-", dir=root))
-        cmd = [
-            mvn,
-            "-q",
-            "-B",
-            "-f",
-            str(pom),
-            "dependency:copy-dependencies",
-            "-DincludeScope=runtime",
-            f"-DoutputDirectory={tmp}",
-            f"-Dkafka.version={version}",
-        ]
-        try:
-            result = subprocess.run(
-                cmd, capture_output=True, text=True, timeout=_MVN_TIMEOUT_S, cwd=root
-            )
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise BrokerStartError(f"cannot run Maven ({mvn}): {exc}") from exc
-        if result.returncode != 0 or not any(tmp.glob("connect-runtime-*.jar")):
-            shutil.rmtree(tmp, ignore_errors=True)
-            tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-30:])
-            raise BrokerStartError(
-                f"Maven could not resolve Kafka Connect {version} (exit {result.returncode}):\n"
-                f"{tail}"
-            )
-        try:
-            _build_sink_jar(tmp)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        shutil.rmtree(libs, ignore_errors=True)
-        tmp.chmod(0o755)
-        os.replace(tmp, libs)
-        stamp_tmp = root / "provisioned.tmp"
-        stamp_tmp.write_text(digest + "\n")
-        os.replace(stamp_tmp, stamp)
-    return libs
+    return fetch_with_maven(
+        POM,
+        connect_root(version),
+        hashlib.sha256(POM.read_bytes() + SINK_SOURCE.read_bytes()).hexdigest(),
+        {"kafka.version": version},
+        name=f"Kafka Connect {version}",
+        artifact=f"Kafka Connect {version}",
+        expect="connect-runtime-*.jar",
+        finish=_build_sink_jar,
+        timeout_s=_MVN_TIMEOUT_S,
+    )
 
 
 def has_javac() -> bool:
