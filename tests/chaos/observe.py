@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from tests.chaos.ledger import Reconciliation, Spec, Tally, reconcile
 from tests.support import unique
@@ -176,6 +176,7 @@ class Observer:
         self.group = group
         self.topics = topics
         self.tally = Tally()
+        self.measure_errors: list[str] = []  # partitions_behind's failures, for the report
 
     def refresh(self) -> Reconciliation:
         for log in self.logs:
@@ -193,7 +194,12 @@ class Observer:
             rec = self.refresh()
             behind = -1
             if not rec.lost:
-                behind = partitions_behind(self.bootstrap, self.group, self.topics)
+                try:
+                    behind = partitions_behind(self.bootstrap, self.group, self.topics)
+                except KafkaException as exc:
+                    # a metadata or offset-fetch timeout on a busy machine is a failed
+                    # measurement, not a verdict: measure again until the deadline
+                    self.measure_errors.append(str(exc))
             if behind == 0 or time.monotonic() > deadline:
                 return rec, behind
             time.sleep(interval_s)  # polling interval of a condition wait, not synchronisation

@@ -46,6 +46,11 @@ class Scenario:
             **rec.row(),
             "partitions_behind_at_end": behind,
             "seconds": round(time.monotonic() - self.began, 1),
+            **(
+                {"measure_errors": self.observer.measure_errors[-3:]}
+                if self.observer.measure_errors
+                else {}
+            ),
             **extra,
         }
 
