@@ -8,16 +8,39 @@ at the end:
 - ``RETRYD_TEST_BROKER=tansu``: the embedded Tansu broker of ``retryd dev``.
 
 The broker in use is printed once at the start of the session (``pytest_report_header``).
+
+In parallel (``pytest -n 2``, as ``scripts/test`` runs it) the controlling process starts the
+one suite broker before its workers exist and stops it after they ended; the workers find it
+in ``RETRYD_SUITE_BOOTSTRAP`` (every test makes its own topics and groups, so they share it as
+they share it in one process). Tests go to workers by file (``--dist loadgroup``), so a
+module's fixtures start once; the fault-injection, benchmark, outage and Spark tests form one
+group that runs first, alone on its worker, so that they never compete with each other for
+the two cores they measure or time on.
 """
 
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.support import TEST_BROKER, TEST_KAFKA_OVERRIDES
+
+SUITE_BOOTSTRAP = "RETRYD_SUITE_BOOTSTRAP"
+# Tests that load both cores or time themselves against a clock: one group, one worker.
+SERIAL_GROUP = "serial"
+SERIAL_PATHS = (
+    "tests/chaos/",
+    "tests/integration/test_bench_",
+    "tests/integration/test_circuit_outage.py",
+    "tests/integration/test_spark_",
+    "tests/integration/test_foreign_dead_letters.py",  # shares the Spark session
+)
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -35,28 +58,74 @@ def broker_name() -> str:
     return f"Apache Kafka {resolve_version(None)} (KRaft, single node, from Maven Central)"
 
 
-@pytest.fixture(scope="session")
-def bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    external = os.environ.get("RETRYD_TEST_BOOTSTRAP")
-    if external:
-        yield external
-        return
+def _start_broker(directory: Path) -> Any:
+    """The suite's broker, started (``stop()`` stops it by PID)."""
     if TEST_BROKER == "tansu":
         from retryd.kafka.embedded import EmbeddedBroker
 
-        log_file = tmp_path_factory.mktemp("broker") / "tansu.log"
-        tansu = EmbeddedBroker(log_file=log_file).start()
-        try:
-            yield tansu.bootstrap
-        finally:
-            tansu.stop()
-        return
+        return EmbeddedBroker(log_file=directory / "tansu.log").start()
     from retryd.kafka.apache import ApacheKafkaBroker
 
-    log_file = tmp_path_factory.mktemp("broker") / "kafka.log"
-    broker = ApacheKafkaBroker(log_file=log_file, overrides=TEST_KAFKA_OVERRIDES).start(
-        timeout_s=180
-    )
+    return ApacheKafkaBroker(
+        log_file=directory / "kafka.log", overrides=TEST_KAFKA_OVERRIDES
+    ).start(timeout_s=180)
+
+
+def _parallel_controller(config: pytest.Config) -> bool:
+    """This process distributes tests to xdist workers (and runs none itself)."""
+    workers = getattr(config.option, "numprocesses", None)
+    return bool(workers) and not hasattr(config, "workerinput")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not _parallel_controller(config) or os.environ.get("RETRYD_TEST_BOOTSTRAP"):
+        return
+    # Set before the workers start, so they inherit it.
+    directory = Path(tempfile.mkdtemp(prefix="retryd-suite-broker-"))
+    broker = _start_broker(directory)
+    config.stash[_BROKER] = broker
+    os.environ[SUITE_BOOTSTRAP] = broker.bootstrap
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    broker = config.stash.get(_BROKER, None)
+    if broker is not None:
+        broker.stop()
+
+
+_BROKER = pytest.StashKey[Any]()
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not hasattr(config, "workerinput"):
+        return
+    serial: list[pytest.Item] = []
+    rest: list[pytest.Item] = []
+    for item in items:
+        group = group_of(item.path.resolve().relative_to(ROOT).as_posix())
+        item.add_marker(pytest.mark.xdist_group(group))
+        (serial if group == SERIAL_GROUP else rest).append(item)
+    items[:] = serial + rest  # the longest group first: it sets the run's length
+
+
+def group_of(path: str) -> str:
+    """The worker group of a test file (a path relative to the repository): the serial
+    group, the browser package (one chromium and its sidecars), else the file itself."""
+    if path.startswith(SERIAL_PATHS):
+        return SERIAL_GROUP
+    if path.startswith("tests/browser/"):
+        return "tests/browser"
+    return path
+
+
+@pytest.fixture(scope="session")
+def bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    shared = os.environ.get("RETRYD_TEST_BOOTSTRAP") or os.environ.get(SUITE_BOOTSTRAP)
+    if shared:
+        yield shared
+        return
+    broker = _start_broker(tmp_path_factory.mktemp("broker"))
     try:
         yield broker.bootstrap
     finally:
