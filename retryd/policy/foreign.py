@@ -339,15 +339,20 @@ def _spring(r: _Reader) -> dict[str, str | int | None]:
         error_class=error_class,
         error_message=message,
         dead_reason=h.DEAD_MALFORMED if malformed else None,
-        retry_number=_spring_retries(r.raw(SPRING_ATTEMPTS, first=False)),
+        retry_number=_spring_retries(r),
         group=r.text(SPRING_GROUP, first=True, limit=GROUP_MAX_BYTES),
     )
 
 
-def _spring_retries(raw: bytes | None) -> int | None:
-    """Retries made, from a DLT record's ``retry_topic-attempts`` (deliveries made + 1): one
-    byte or a 4-byte big-endian int, as Spring reads it; anything else is not guessed."""
-    if raw is None or len(raw) not in (1, 4):
+def _spring_retries(r: _Reader) -> int | None:
+    """Retries made, from a DLT record's last ``retry_topic-attempts`` (deliveries made + 1):
+    one byte or a 4-byte big-endian int, as Spring reads it; another length is not guessed,
+    and is a problem like any other unreadable header."""
+    raw = r.raw(SPRING_ATTEMPTS, first=False)
+    if raw is None:
+        return None
+    if len(raw) not in (1, 4):
+        r.note(f"header {SPRING_ATTEMPTS} has {len(raw)} bytes, not 1 or 4")
         return None
     stamped = int.from_bytes(raw, "big", signed=True)
     return stamped - 2 if stamped >= 2 else None
