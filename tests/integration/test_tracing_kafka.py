@@ -115,10 +115,15 @@ def _spans() -> list[dict[str, Any]]:
         return list(_Receiver.spans)
 
 
+@pytest.mark.parametrize("exactly_once", [False, True], ids=["default", "exactly_once"])
 def test_main_tier_dead_letter_replay_is_one_trace(
-    bootstrap: str, tmp_path: Path, collector: str, business: str
+    bootstrap: str, tmp_path: Path, collector: str, business: str, exactly_once: bool
 ) -> None:
-    dep = deployment(bootstrap, tmp_path, sequence="1s", handler=business)
+    # exactly_once: the copies go out in the worker's transactions (their headers made the
+    # same way), and a read_committed reader sees each once
+    dep = deployment(
+        bootstrap, tmp_path, sequence="1s", handler=business, exactly_once=exactly_once
+    )
     otel = {
         "OTEL_EXPORTER_OTLP_ENDPOINT": collector,
         "OTEL_SERVICE_NAME": "retryd-test",
