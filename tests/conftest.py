@@ -20,6 +20,7 @@ the two cores they measure or time on.
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 from collections.abc import Iterator
@@ -130,3 +131,15 @@ def bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield broker.bootstrap
     finally:
         broker.stop()
+
+
+@pytest.fixture(autouse=True)
+def _root_logging_restored() -> Iterator[None]:
+    """The CLI, run in-process by a test, replaces the root logger's handlers with one on the
+    test's captured stderr: put back after the test, so that a thread logging later (a handler
+    call abandoned by an earlier test) never writes to a closed capture file."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)

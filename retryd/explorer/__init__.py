@@ -16,9 +16,10 @@ def install(app: FastAPI, settings: Settings, sidecar: Sidecar, credentials: Cre
     from retryd.explorer.acting import router as acting_router
     from retryd.explorer.overview_page import router as overview_router
     from retryd.explorer.routes import router as pages_router
-    from retryd.explorer.web import Explorer
+    from retryd.explorer.web import Explorer, SignInFirst, answer_sign_in_first
 
     app.state.explorer = Explorer(settings, sidecar, credentials)
+    app.add_exception_handler(SignInFirst, answer_sign_in_first)
     app.include_router(overview_router)
     app.include_router(pages_router)
     app.include_router(acting_router)

@@ -25,7 +25,7 @@ from retryd.explorer.filters import FilterProblem, UiFilter, read_records
 from retryd.explorer.newest import browse_newest
 from retryd.explorer.routes import check_post, first, read_form, record_row, replay_error_page
 from retryd.explorer.sessions import Session
-from retryd.explorer.web import Explorer, Single, explorer_of, session_of
+from retryd.explorer.web import Explorer, SignedIn, Single, explorer_of
 from retryd.policy.timespec import format_instant
 from retryd.replay.browse import read_record
 from retryd.replay.errors import ReplayError
@@ -286,11 +286,7 @@ JobId = Annotated[str, Path(max_length=64)]
 
 
 @router.get("/jobs")
-async def jobs_page(request: Request) -> Response:
-    session, answer = session_of(request)
-    if session is None:
-        assert answer is not None
-        return answer
+async def jobs_page(request: Request, session: SignedIn) -> Response:
     ex = explorer_of(request)
     jobs = sorted(ex.sidecar.jobs.list(), key=lambda j: -j.progress.created_at)
     rows = []
@@ -309,11 +305,7 @@ async def jobs_page(request: Request) -> Response:
 
 
 @router.get("/jobs/{job_id}")
-async def job_page(request: Request, job_id: JobId) -> Response:
-    session, answer = session_of(request)
-    if session is None:
-        assert answer is not None
-        return answer
+async def job_page(request: Request, job_id: JobId, session: SignedIn) -> Response:
     ex = explorer_of(request)
     prog, job = _progress(ex, job_id)
     if prog is None:

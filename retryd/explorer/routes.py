@@ -1,7 +1,7 @@
 """The explorer's pages under ``/ui``: sign-in and out, browsing and one record.
 
 Acting (dry runs, replays, jobs) is in ``retryd.explorer.acting``; the overview in
-``retryd.explorer.overview_page``. Every page needs a session (``web.session_of``), every POST
+``retryd.explorer.overview_page``. Every page needs a session (``web.SignedIn``), every POST
 its CSRF token and a same-origin browser (``check_post``), and broker work runs on the API's
 bulkhead threads through the API's own functions (``offload``, ``browse``, ``read_record``).
 """
@@ -25,7 +25,7 @@ from retryd.explorer.filters import FilterProblem, UiFilter
 from retryd.explorer.newest import NewestPage, browse_newest
 from retryd.explorer.security import COOKIE, COOKIE_PATH, client_address, safe_next, same_origin
 from retryd.explorer.sessions import Session, csrf_ok
-from retryd.explorer.web import STATIC_TYPES, Explorer, explorer_of, session_of
+from retryd.explorer.web import STATIC_TYPES, Explorer, SignedIn, explorer_of, session_of
 from retryd.metrics.http import count_auth_failure
 from retryd.policy import headers as h
 from retryd.policy.timespec import format_instant
@@ -244,13 +244,10 @@ def record_row(item: dict[str, Any], topic: str) -> dict[str, Any]:
 @router.get("/dead-letters")
 async def browse_page(
     request: Request,
+    session: SignedIn,
     cursor: Annotated[str | None, Query(max_length=65_536)] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE)] = PAGE_SIZE,
 ) -> Response:
-    session, answer = session_of(request)
-    if session is None:
-        assert answer is not None
-        return answer
     ex = explorer_of(request)
     sc = ex.sidecar
     topics = dead_letter_topics(ex.settings)
@@ -350,14 +347,11 @@ def curl_for(ex: Explorer, request: Request, topic: str, partition: int, offset:
 @router.get("/dead-letters/{partition}/{offset}")
 async def record_page(
     request: Request,
+    session: SignedIn,
     partition: Annotated[int, Path(ge=0, le=2**31 - 1)],
     offset: Annotated[int, Path(ge=0, le=2**63 - 1)],
     topic: Annotated[str | None, Query(max_length=249)] = None,
 ) -> Response:
-    session, answer = session_of(request)
-    if session is None:
-        assert answer is not None
-        return answer
     ex = explorer_of(request)
     sc = ex.sidecar
     back = "/ui/dead-letters?" + urlencode({"topic": topic} if topic else {})

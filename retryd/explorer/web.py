@@ -7,10 +7,10 @@ import logging
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 from urllib.parse import quote
 
-from fastapi import Request
+from fastapi import Depends, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
@@ -129,6 +129,32 @@ def session_of(request: Request) -> tuple[Session | None, Response | None]:
     if session is None:
         return None, login_redirect(request, expired=why is Lookup.EXPIRED)
     return session, None
+
+
+class SignInFirst(Exception):
+    """No live session: the route does not run, and ``answer`` (the redirect to the sign-in
+    page) is the response (``install`` registers the handler)."""
+
+    def __init__(self, answer: Response) -> None:
+        super().__init__("sign in first")
+        self.answer = answer
+
+
+def signed_in(request: Request) -> Session:
+    """The dependency of every page: the request's live session (see ``SignInFirst``)."""
+    session, answer = session_of(request)
+    if session is None:
+        assert answer is not None
+        raise SignInFirst(answer)
+    return session
+
+
+async def answer_sign_in_first(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, SignInFirst)
+    return exc.answer
+
+
+SignedIn = Annotated[Session, Depends(signed_in)]
 
 
 class UiHeadersMiddleware:

@@ -80,6 +80,11 @@ def test_pages_need_a_session_and_say_where_to_come_back(client: TestClient) -> 
     client.cookies.set("retryd_session", "forged")
     forged = client.get("/ui/jobs")
     assert forged.status_code == 303 and "expired" not in forged.headers["location"]
+    # every page: the route never runs without a session (no broker is reached here)
+    for path in ("/ui/", "/ui/dead-letters", "/ui/dead-letters/0/1", "/ui/jobs", "/ui/jobs/j-1"):
+        r = client.get(path)
+        assert r.status_code == 303 and r.headers["location"].startswith("/ui/login"), path
+        assert_headers(r)
 
 
 def test_sign_in_sets_a_strict_http_only_cookie_and_never_echoes_the_token(
