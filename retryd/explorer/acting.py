@@ -25,7 +25,7 @@ from retryd.explorer.filters import FilterProblem, UiFilter, read_records
 from retryd.explorer.newest import browse_newest
 from retryd.explorer.routes import check_post, first, read_form, record_row, replay_error_page
 from retryd.explorer.sessions import Session
-from retryd.explorer.web import Explorer, SignedIn, Single, explorer_of
+from retryd.explorer.web import PAGE_METHODS, Explorer, SignedIn, Single, explorer_of
 from retryd.policy.timespec import format_instant
 from retryd.replay.browse import read_record
 from retryd.replay.errors import ReplayError
@@ -285,7 +285,7 @@ def _progress(ex: Explorer, job_id: str) -> tuple[dict[str, Any] | None, ReplayJ
 JobId = Annotated[str, Path(max_length=64)]
 
 
-@router.get("/jobs")
+@router.api_route("/jobs", methods=PAGE_METHODS)
 async def jobs_page(request: Request, session: SignedIn) -> Response:
     ex = explorer_of(request)
     jobs = sorted(ex.sidecar.jobs.list(), key=lambda j: -j.progress.created_at)
@@ -304,7 +304,7 @@ async def jobs_page(request: Request, session: SignedIn) -> Response:
     return ex.render(request, "jobs.html", 200, session, active="jobs", rows=rows)
 
 
-@router.get("/jobs/{job_id}")
+@router.api_route("/jobs/{job_id}", methods=PAGE_METHODS)
 async def job_page(request: Request, job_id: JobId, session: SignedIn) -> Response:
     ex = explorer_of(request)
     prog, job = _progress(ex, job_id)
@@ -329,7 +329,7 @@ async def job_page(request: Request, job_id: JobId, session: SignedIn) -> Respon
     )
 
 
-@router.get("/jobs/{job_id}/progress")
+@router.api_route("/jobs/{job_id}/progress", methods=PAGE_METHODS)
 async def job_progress(request: Request, job_id: JobId) -> Response:
     ex = explorer_of(request)
     session, _ = ex.sessions.get(request.cookies.get("retryd_session"))

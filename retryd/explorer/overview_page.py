@@ -22,7 +22,7 @@ from retryd.api.readiness import circuit_summary, worker_states
 from retryd.api.state import Sidecar
 from retryd.explorer.newest import _bounds
 from retryd.explorer.overview import Tally, buckets, sparkline_points
-from retryd.explorer.web import SignedIn, explorer_of
+from retryd.explorer.web import PAGE_METHODS, SignedIn, explorer_of
 from retryd.policy.timespec import format_instant
 from retryd.replay.errors import ReplayError
 from retryd.replay.scan import to_record
@@ -94,7 +94,7 @@ def _fingerprint_rows(view: TopicView, now_ms: int) -> list[dict[str, Any]]:
     return out
 
 
-@router.get("/")
+@router.api_route("/", methods=PAGE_METHODS)
 async def overview(request: Request, session: SignedIn) -> Response:
     ex = explorer_of(request)
     sc = ex.sidecar

@@ -25,7 +25,14 @@ from retryd.explorer.filters import FilterProblem, UiFilter
 from retryd.explorer.newest import NewestPage, browse_newest
 from retryd.explorer.security import COOKIE, COOKIE_PATH, client_address, safe_next, same_origin
 from retryd.explorer.sessions import Session, csrf_ok
-from retryd.explorer.web import STATIC_TYPES, Explorer, SignedIn, explorer_of, session_of
+from retryd.explorer.web import (
+    PAGE_METHODS,
+    STATIC_TYPES,
+    Explorer,
+    SignedIn,
+    explorer_of,
+    session_of,
+)
 from retryd.metrics.http import count_auth_failure
 from retryd.policy import headers as h
 from retryd.policy.timespec import format_instant
@@ -109,7 +116,7 @@ def replay_error_page(
 # ------------------------------------------------------------------ sign-in
 
 
-@router.get("/login")
+@router.api_route("/login", methods=PAGE_METHODS)
 async def login_page(
     request: Request,
     next: Annotated[str | None, Query(max_length=2048)] = None,
@@ -188,7 +195,7 @@ async def logout(request: Request) -> Response:
     return out
 
 
-@router.get("/static/{name}")
+@router.api_route("/static/{name}", methods=PAGE_METHODS)
 async def static(request: Request, name: Annotated[str, Path(max_length=64)]) -> Response:
     """The explorer's own script and stylesheet, read once at start-up (nothing else)."""
     body = explorer_of(request).static.get(name)
@@ -241,7 +248,7 @@ def record_row(item: dict[str, Any], topic: str) -> dict[str, Any]:
     }
 
 
-@router.get("/dead-letters")
+@router.api_route("/dead-letters", methods=PAGE_METHODS)
 async def browse_page(
     request: Request,
     session: SignedIn,
@@ -344,7 +351,7 @@ def curl_for(ex: Explorer, request: Request, topic: str, partition: int, offset:
     )
 
 
-@router.get("/dead-letters/{partition}/{offset}")
+@router.api_route("/dead-letters/{partition}/{offset}", methods=PAGE_METHODS)
 async def record_page(
     request: Request,
     session: SignedIn,

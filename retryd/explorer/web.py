@@ -30,6 +30,8 @@ STATIC_TYPES = {
     "explorer.css": "text/css; charset=utf-8",
 }
 MAX_SINGLES = 1000  # single replays remembered for their result page
+# Pages answer HEAD as well (link checkers, uptime probes): the same answer without its body.
+PAGE_METHODS = ["GET", "HEAD"]
 
 
 @dataclass

@@ -141,6 +141,10 @@ def test_sign_in_cookie_and_security_headers(sidecar: SidecarProcess) -> None:
             page = c.get(path)
             assert page.status_code == 200, (path, page.text[-500:])
             assert_secure(page)
+            head = c.head(path)  # the same answer without its body
+            assert head.status_code == 200 and head.content == b"", path
+            assert head.headers["content-type"] == page.headers["content-type"]
+            assert_secure(head)
         overview = c.get("/ui/").text
         for element in ("by-reason", "by-fingerprint", "tiers", "workers-alive", "jobs-running"):
             assert f'id="{element}"' in overview, element

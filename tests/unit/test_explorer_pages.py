@@ -85,6 +85,8 @@ def test_pages_need_a_session_and_say_where_to_come_back(client: TestClient) -> 
         r = client.get(path)
         assert r.status_code == 303 and r.headers["location"].startswith("/ui/login"), path
         assert_headers(r)
+        assert client.head(path).status_code == 303, path
+    assert client.head("/ui/login").status_code == 200
 
 
 def test_sign_in_sets_a_strict_http_only_cookie_and_never_echoes_the_token(
