@@ -71,6 +71,21 @@ class Fleet:
         self.procs.append(proc)
         return proc
 
+    def warnings(self, lines: int = 12) -> str:
+        """The last ``lines`` WARNING/ERROR/CRITICAL lines (and tracebacks' last lines) of
+        each process's log, as one text for an assertion message."""
+        out = []
+        for proc in self.procs:
+            picked = [
+                line
+                for line in proc.output().splitlines()
+                if any(w in line for w in ("WARNING", "ERROR", "CRITICAL", "Error:", "Exception"))
+            ]
+            status = "running" if proc.alive() else f"exit {proc.popen.returncode}"
+            out.append(f"--- {proc.name} pid={proc.pid} ({status}) {proc.log.name}")
+            out += [line[:300] for line in picked[-lines:]]
+        return "\n" + "\n".join(out)
+
     def kill(self, proc: Proc, timeout_s: float = 30) -> int:
         """SIGKILL by PID and reap."""
         if proc.alive():

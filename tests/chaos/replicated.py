@@ -21,7 +21,7 @@ from tests.chaos.cluster import MIN_INSYNC, REPLICATION, Nodes
 from tests.chaos.fleet import CHAOS_HANDLER, Proc
 from tests.chaos.ledger import Reconciliation, Spec, reconcile
 from tests.chaos.load import PacedProducer
-from tests.chaos.scale import SEQUENCE
+from tests.chaos.scale import SEQUENCE, settle_budget
 from tests.chaos.scenario import Scenario, watch
 from tests.integration.worker_support import REPO, Deployment
 from tests.support import unique, wait_for
@@ -36,7 +36,7 @@ PARTITIONS = 4
 # a scenario may run with retryd's default session (45 s) instead (``session_timeout_ms=None``).
 SESSION_TIMEOUT_MS = 2000
 JOIN_S = 5.0
-SETTLE_S = 600.0
+SETTLE_S = settle_budget(600.0)
 STOP_S = 60.0
 
 

@@ -149,3 +149,12 @@ def every_cluster_scenario() -> bool:
 def seed() -> int:
     configured = os.environ.get(SEED_ENV)
     return int(configured) if configured else random.SystemRandom().randrange(2**32)
+
+
+def settle_budget(full_s: float) -> float:
+    """How long a scenario waits for every message to end before it reports and fails: the
+    full size's ``full_s``, or at most 240 s at ``ci`` size, where a healthy run settles in
+    seconds. Under pytest's 600 s timeout, so that a scenario that does not settle fails with
+    its report row, the ids still missing and the workers' warnings in the log, not with a
+    timeout's stack trace."""
+    return full_s if scale() == "full" else min(full_s, 240.0)

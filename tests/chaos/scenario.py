@@ -66,6 +66,11 @@ class Scenario:
             "in_flight": load.produced - ended,
         }
 
+    def diagnosis(self, lines: int = 12) -> str:
+        """For a failed assertion: the last warnings and errors of every worker process
+        this scenario started (its logs outlive ``close``)."""
+        return self.fleet.warnings(lines)
+
     def close(self) -> None:
         try:
             self.fleet.close()

@@ -20,11 +20,13 @@ from tests.chaos.ledger import make_plan
 from tests.chaos.load import PacedProducer
 from tests.chaos.proxy import TcpProxy
 from tests.chaos.report import ChaosReport
-from tests.chaos.scale import MAX_RETRIES, Sizes
+from tests.chaos.scale import MAX_RETRIES, Sizes, settle_budget
 from tests.chaos.scenario import start
 from tests.support import dedicated_broker, wait_for
 
-SETTLE_S = 900.0  # a child restarted with backoff after a long cut may wait up to a minute
+SETTLE_S = settle_budget(
+    900.0
+)  # a child restarted with backoff after a long cut may wait up to a minute
 JOIN_S = 5.0
 PARTITIONS = 4
 
@@ -127,8 +129,8 @@ def test_cut_every_broker_connection_then_restore(
             worker_exit_statuses=statuses,
         )
     )
-    assert rec.clean, rec.describe()
-    assert behind == 0, f"{behind} partitions still held uncommitted records"
+    assert rec.clean, rec.describe() + sc.diagnosis()
+    assert behind == 0, f"{behind} partitions still held uncommitted records" + sc.diagnosis()
     assert len(cuts) == size.cuts
     assert all(c["connections_cut"] and c["refused_during_cut"] for c in cuts), cuts
     assert supervisor_alive, "the supervisor exited"

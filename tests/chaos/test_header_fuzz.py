@@ -17,11 +17,11 @@ from tests.chaos.fuzz import MALFORMED, main_headers, tier_headers
 from tests.chaos.handler import header_digest
 from tests.chaos.ledger import Spec, make_plan
 from tests.chaos.report import ChaosReport
-from tests.chaos.scale import MAX_RETRIES, Sizes
+from tests.chaos.scale import MAX_RETRIES, Sizes, settle_budget
 from tests.chaos.scenario import CALL_LOG, start
 from tests.support import produce
 
-SETTLE_S = 300.0
+SETTLE_S = settle_budget(300.0)
 USABLE_SHARE = 0.6  # tier records with a usable envelope; the rest are malformed
 
 
@@ -102,8 +102,8 @@ def test_header_fuzz_through_the_whole_worker(
             worker_exits=0 if alive else 1,
         )
     )
-    assert rec.clean, rec.describe()
-    assert behind == 0, f"{behind} partitions still held uncommitted records"
+    assert rec.clean, rec.describe() + sc.diagnosis()
+    assert behind == 0, f"{behind} partitions still held uncommitted records" + sc.diagnosis()
     assert alive, f"the worker exited: {worker.output()[-3000:]}"
     assert code == 0, f"SIGTERM at the end: exit status {code}"
     assert rec.header_mismatches == 0, f"{rec.header_mismatches} calls saw altered user headers"

@@ -14,11 +14,11 @@ import pytest
 from tests.chaos.ledger import make_plan
 from tests.chaos.load import PacedProducer
 from tests.chaos.report import ChaosReport
-from tests.chaos.scale import MAX_RETRIES, Sizes
+from tests.chaos.scale import MAX_RETRIES, Sizes, settle_budget
 from tests.chaos.scenario import start
 from tests.support import wait_for
 
-SETTLE_S = 600.0
+SETTLE_S = settle_budget(600.0)
 JOIN_S = 5.0
 PARTITIONS = 4
 STOP_S = 60.0  # shutdown_timeout_s (20 s) plus flush and commit, on a busy machine
@@ -82,8 +82,8 @@ def test_sigterm_workers_during_load(
             at_sigterms=stops,
         )
     )
-    assert rec.clean, rec.describe()
-    assert behind == 0, f"{behind} partitions still held uncommitted records"
+    assert rec.clean, rec.describe() + sc.diagnosis()
+    assert behind == 0, f"{behind} partitions still held uncommitted records" + sc.diagnosis()
     assert [s["status"] for s in stops] == [0] * size.terms, stops
     assert all(s["in_flight"] > 0 for s in stops), stops
     assert all(alive for _, alive in survivors), f"a worker exited on its own: {survivors}"
