@@ -85,6 +85,7 @@ def wait_for(
 def create_topics(
     bootstrap: str, names: Iterable[str], partitions: int = 1, config: dict[str, str] | None = None
 ) -> None:
+    names = list(names)
     admin = AdminClient({"bootstrap.servers": bootstrap})
     futures = admin.create_topics(
         [NewTopic(n, partitions, 1, config=config or {}) for n in names], operation_timeout=10
@@ -95,6 +96,34 @@ def create_topics(
         except Exception as exc:  # topic may already exist from an idempotent create
             if "TOPIC_ALREADY_EXISTS" not in str(exc):
                 raise AssertionError(f"creating {name}: {exc}") from exc
+    wait_for_topics(admin, names)
+
+
+def wait_for_topics(admin: AdminClient, names: Iterable[str], timeout: float = 30.0) -> None:
+    """Wait until the broker's metadata lists each topic with its partitions and their leaders.
+
+    CreateTopics answers once the controller recorded a topic; the broker's metadata can lag
+    behind it, and a client that asks in between gets the topic without partitions. A reader
+    that assigns "every partition" then assigns none and reads nothing, for good (a chaos
+    scenario's dead-letter reader did that, about once in thirty runs).
+    """
+    pending = set(names)
+    deadline = time.monotonic() + timeout
+    while True:
+        for name in list(pending):
+            md = admin.list_topics(name, timeout=10).topics.get(name)
+            if (
+                md is not None
+                and md.error is None
+                and md.partitions
+                and all(p.leader >= 0 for p in md.partitions.values())
+            ):
+                pending.discard(name)
+        if not pending:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"topics {sorted(pending)} not in the metadata after {timeout}s")
+        time.sleep(0.05)  # polling interval of a condition wait
 
 
 def produce(

@@ -60,6 +60,8 @@ class DeadLetters:
             }
         )
         md = self._consumer.list_topics(topic, timeout=15).topics[topic]
+        # assigning no partition would read nothing, for good (see support.wait_for_topics)
+        assert md.error is None and md.partitions, f"{topic}: no partitions in the metadata"
         self._parts = sorted(md.partitions)
         self._consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in self._parts])
         self._at_end: set[int] = set()
@@ -88,6 +90,12 @@ class DeadLetters:
             if not batch and len(self._at_end) == len(self._parts):
                 break
         return n
+
+    def positions(self) -> list[int]:
+        return [
+            tp.offset
+            for tp in self._consumer.position([TopicPartition(self.topic, p) for p in self._parts])
+        ]
 
     def close(self) -> None:
         self._consumer.close()
@@ -201,8 +209,35 @@ class Observer:
                     # measurement, not a verdict: measure again until the deadline
                     self.measure_errors.append(str(exc))
             if behind == 0 or time.monotonic() > deadline:
+                if rec.lost:
+                    self.measure_errors.append(self._explain_missing(rec.lost))
                 return rec, behind
             time.sleep(interval_s)  # polling interval of a condition wait, not synchronisation
+
+    def _explain_missing(self, missing: list[str]) -> str:
+        """Where a fresh read (as ``final`` makes it) finds ids the incremental readers still
+        miss: tells a stuck message from a reader that lost track."""
+        fresh = Tally()
+        for log in self.logs:
+            CallLog(log.path, log.digests).read_new(fresh)
+        reader = DeadLetters(self.bootstrap, self.dead.topic, self.dead.ident)
+        try:
+            reader.read_new(fresh, timeout_s=60)
+        finally:
+            reader.close()
+        found = [
+            f"{i}: fresh handled={fresh.handled.get(i, 0)} dead={fresh.dead.get(i, 0)}"
+            for i in missing[:5]
+        ]
+        logs = [
+            f"{log.path.name} read to {log._offset} of {log.path.stat().st_size}"
+            for log in self.logs
+        ]
+        return (
+            f"{len(missing)} ids missing at the deadline ({'; '.join(found)}); "
+            f"{'; '.join(logs)}; dead-letter reader at end of {sorted(self.dead._at_end)} "
+            f"of {self.dead._parts}, positions {self.dead.positions()}"
+        )
 
     def final(self) -> Reconciliation:
         """Everything read again from the start by fresh readers: the numbers of the report."""

@@ -69,7 +69,8 @@ class Scenario:
     def diagnosis(self, lines: int = 12) -> str:
         """For a failed assertion: the last warnings and errors of every worker process
         this scenario started (its logs outlive ``close``)."""
-        return self.fleet.warnings(lines)
+        notes = "".join(f"\n{note}" for note in self.observer.measure_errors[-3:])
+        return notes + self.fleet.warnings(lines)
 
     def close(self) -> None:
         try:
