@@ -217,14 +217,7 @@ class Observer:
     def _explain_missing(self, missing: list[str]) -> str:
         """Where a fresh read (as ``final`` makes it) finds ids the incremental readers still
         miss: tells a stuck message from a reader that lost track."""
-        fresh = Tally()
-        for log in self.logs:
-            CallLog(log.path, log.digests).read_new(fresh)
-        reader = DeadLetters(self.bootstrap, self.dead.topic, self.dead.ident)
-        try:
-            reader.read_new(fresh, timeout_s=60)
-        finally:
-            reader.close()
+        fresh = self._fresh_tally(timeout_s=60)
         found = [
             f"{i}: fresh handled={fresh.handled.get(i, 0)} dead={fresh.dead.get(i, 0)}"
             for i in missing[:5]
@@ -241,15 +234,19 @@ class Observer:
 
     def final(self) -> Reconciliation:
         """Everything read again from the start by fresh readers: the numbers of the report."""
+        return reconcile(self.plan, self._fresh_tally(timeout_s=120))
+
+    def _fresh_tally(self, timeout_s: float) -> Tally:
+        """The call logs and ``failed_topic`` read from the start by new readers."""
         tally = Tally()
         for log in self.logs:
             CallLog(log.path, log.digests).read_new(tally)
-        fresh = DeadLetters(self.bootstrap, self.dead.topic, self.dead.ident)
+        reader = DeadLetters(self.bootstrap, self.dead.topic, self.dead.ident)
         try:
-            fresh.read_new(tally, timeout_s=120)
+            reader.read_new(tally, timeout_s=timeout_s)
         finally:
-            fresh.close()
-        return reconcile(self.plan, tally)
+            reader.close()
+        return tally
 
     def close(self) -> None:
         self.dead.close()
