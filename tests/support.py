@@ -108,8 +108,8 @@ def wait_for_topics(admin: AdminClient, names: Iterable[str], timeout: float = 3
     scenario's dead-letter reader did that, about once in thirty runs).
     """
     pending = set(names)
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def listed() -> bool:
         for name in list(pending):
             md = admin.list_topics(name, timeout=10).topics.get(name)
             if (
@@ -119,11 +119,9 @@ def wait_for_topics(admin: AdminClient, names: Iterable[str], timeout: float = 3
                 and all(p.leader >= 0 for p in md.partitions.values())
             ):
                 pending.discard(name)
-        if not pending:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"topics {sorted(pending)} not in the metadata after {timeout}s")
-        time.sleep(0.05)  # polling interval of a condition wait
+        return not pending
+
+    wait_for(listed, timeout, what=f"topics {sorted(pending)} in the broker's metadata")
 
 
 def produce(

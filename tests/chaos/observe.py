@@ -184,7 +184,8 @@ class Observer:
         self.group = group
         self.topics = topics
         self.tally = Tally()
-        self.measure_errors: list[str] = []  # partitions_behind's failures, for the report
+        # what settling met: partitions_behind's failures, and where missing ids were found
+        self.notes: list[str] = []
 
     def refresh(self) -> Reconciliation:
         for log in self.logs:
@@ -207,10 +208,10 @@ class Observer:
                 except KafkaException as exc:
                     # a metadata or offset-fetch timeout on a busy machine is a failed
                     # measurement, not a verdict: measure again until the deadline
-                    self.measure_errors.append(str(exc))
+                    self.notes.append(str(exc))
             if behind == 0 or time.monotonic() > deadline:
                 if rec.lost:
-                    self.measure_errors.append(self._explain_missing(rec.lost))
+                    self.notes.append(self._explain_missing(rec.lost))
                 return rec, behind
             time.sleep(interval_s)  # polling interval of a condition wait, not synchronisation
 

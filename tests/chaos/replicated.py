@@ -256,10 +256,9 @@ def sigkill_and_restart(
     return entry
 
 
-def check(end: Ending) -> None:
+def check(sc: Scenario, end: Ending) -> None:
     """What every replicated scenario asserts once its row is reported."""
-    assert end.rec.clean, end.rec.describe()
-    assert end.behind == 0, f"{end.behind} partitions still held uncommitted records"
+    sc.assert_settled(end.rec, end.behind)
     assert all(alive for _, alive in end.survivors), f"a worker exited: {end.survivors}"
     assert end.codes == [0, 0], f"SIGTERM at the end: exit statuses {end.codes}"
 
@@ -279,5 +278,5 @@ def report_and_check(
     report.add(
         sc.row(end.rec, end.behind, faults, fault=fault, **cluster_fields(nodes, sc), **events)
     )
-    check(end)
+    check(sc, end)
     print(f"\n{end.rec.describe()} {events}")

@@ -46,11 +46,7 @@ class Scenario:
             **rec.row(),
             "partitions_behind_at_end": behind,
             "seconds": round(time.monotonic() - self.began, 1),
-            **(
-                {"measure_errors": self.observer.measure_errors[-3:]}
-                if self.observer.measure_errors
-                else {}
-            ),
+            **({"settle_notes": self.observer.notes[-3:]} if self.observer.notes else {}),
             **extra,
         }
 
@@ -66,10 +62,15 @@ class Scenario:
             "in_flight": load.produced - ended,
         }
 
+    def assert_settled(self, rec: Reconciliation, behind: int) -> None:
+        """Every id in its one expected place and nothing left uncommitted; a failure says
+        what settling met and the last warnings and errors of every worker process this
+        scenario started (their logs outlive ``close``)."""
+        assert rec.clean, rec.describe() + self.diagnosis()
+        assert behind == 0, f"{behind} partitions still held uncommitted records" + self.diagnosis()
+
     def diagnosis(self, lines: int = 12) -> str:
-        """For a failed assertion: the last warnings and errors of every worker process
-        this scenario started (its logs outlive ``close``)."""
-        notes = "".join(f"\n{note}" for note in self.observer.measure_errors[-3:])
+        notes = "".join(f"\n{note}" for note in self.observer.notes[-3:])
         return notes + self.fleet.warnings(lines)
 
     def close(self) -> None:

@@ -102,8 +102,7 @@ def test_header_fuzz_through_the_whole_worker(
             worker_exits=0 if alive else 1,
         )
     )
-    assert rec.clean, rec.describe() + sc.diagnosis()
-    assert behind == 0, f"{behind} partitions still held uncommitted records" + sc.diagnosis()
+    sc.assert_settled(rec, behind)
     assert alive, f"the worker exited: {worker.output()[-3000:]}"
     assert code == 0, f"SIGTERM at the end: exit status {code}"
     assert rec.header_mismatches == 0, f"{rec.header_mismatches} calls saw altered user headers"

@@ -82,8 +82,7 @@ def test_sigterm_workers_during_load(
             at_sigterms=stops,
         )
     )
-    assert rec.clean, rec.describe() + sc.diagnosis()
-    assert behind == 0, f"{behind} partitions still held uncommitted records" + sc.diagnosis()
+    sc.assert_settled(rec, behind)
     assert [s["status"] for s in stops] == [0] * size.terms, stops
     assert all(s["in_flight"] > 0 for s in stops), stops
     assert all(alive for _, alive in survivors), f"a worker exited on its own: {survivors}"
