@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -42,6 +43,7 @@ SERIAL_PATHS = (
     "tests/integration/test_foreign_dead_letters.py",  # shares the Spark session
 )
 ROOT = Path(__file__).resolve().parents[1]
+_BROKER = pytest.StashKey[Any]()  # the broker a parallel run's controlling process started
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -78,7 +80,15 @@ def _parallel_controller(config: pytest.Config) -> bool:
     return bool(workers) and not hasattr(config, "workerinput")
 
 
+def _interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    # A run stopped with SIGTERM unwinds as Ctrl-C does: tests' finally blocks and fixtures'
+    # teardowns stop the brokers and workers they started, by PID. (Python's default ends the
+    # process on the spot and leaves them running, orphaned.)
+    signal.signal(signal.SIGTERM, _interrupted)
     if not _parallel_controller(config) or os.environ.get("RETRYD_TEST_BOOTSTRAP"):
         return
     # Set before the workers start, so they inherit it.
@@ -92,9 +102,6 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     broker = config.stash.get(_BROKER, None)
     if broker is not None:
         broker.stop()
-
-
-_BROKER = pytest.StashKey[Any]()
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
