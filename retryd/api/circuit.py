@@ -6,7 +6,9 @@ live processes, since any process that holds records is what an operator must kn
 An order (``POST /v1/circuit``) is a small file in the shared state dir
 (``retryd.runtime.circuit_control``) that every worker process of the group applies once, at
 its next heartbeat: like heartbeats, it reaches the processes of this pod only, so an order
-for a whole deployment goes to every pod's sidecar.
+for a whole deployment goes to every pod's sidecar. Concurrent orders are serialised by a lock
+there, each with its own ``seq``; an order file that is not a usable order (spoiled, hostile)
+is shown as no last order, never as an error.
 
 Every order is written to the audit trail (logger ``retryd.audit``, the replay lines' format)
 with the token's id, never the token.
@@ -111,7 +113,8 @@ def order_out(cmd: CircuitCommand) -> CircuitOrderOut:
 
 
 def circuit_view(settings: Settings, now: float | None = None) -> CircuitOut:
-    """``GET /v1/circuit`` (reads a few small files: run it off the event loop)."""
+    """``GET /v1/circuit`` (reads a few small files: run it off the event loop). The order
+    file is read bounded and never raises (``read_command``): a bad one is no last order."""
     processes = live_processes(settings, now)
     state, last_error = summary(processes)
     last = read_command(command_path(settings.state_dir, settings.group_id))
@@ -129,7 +132,8 @@ def circuit_view(settings: Settings, now: float | None = None) -> CircuitOut:
 
 def give_order(settings: Settings, action: CircuitAction, by: str) -> CircuitOrderOut:
     """Write the order for every worker process of the group and audit it (``by``: the
-    token's id). Raises ``CircuitOrderError`` when the state dir cannot be written."""
+    token's id). Raises ``CircuitOrderError`` when the state dir cannot be written, or the
+    order file stayed locked by another writer for ``LOCK_WAIT_S``."""
     try:
         cmd = write_command(settings.state_dir, settings.group_id, action, by)
     except OSError as exc:

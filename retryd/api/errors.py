@@ -23,6 +23,7 @@ from retryd.replay.errors import (
     NothingToReplay,
     RateLimited,
     RecordNotFound,
+    RecordTooLarge,
     ReplayError,
     ReplayFailed,
     ScanIncomplete,
@@ -39,6 +40,7 @@ STATUS: list[tuple[type[ReplayError], int, str]] = [
     (RecordNotFound, 404, "not_found"),
     (AlreadyReplayed, 409, "already_replayed"),
     (InvalidTarget, 422, "invalid_target"),
+    (RecordTooLarge, 422, "too_large"),  # a NothingToReplay: the skip reason a job gives it
     (NothingToReplay, 422, "nothing_to_replay"),
     (TargetReserved, 403, "target_reserved"),
     (TargetRefused, 403, "target_refused"),
@@ -53,6 +55,15 @@ STATUS: list[tuple[type[ReplayError], int, str]] = [
 ]
 # Worth retrying as is, after a moment (a misconfigured ledger is not).
 RETRYABLE = (TooManyJobs, RateLimited, BrokerUnavailable, ShuttingDown)
+
+
+def status_of(exc: ReplayError) -> tuple[int, str]:
+    """The status code and error code the API answers ``exc`` with (the explorer's pages
+    give the same)."""
+    return next(
+        ((status, code) for cls, status, code in STATUS if isinstance(exc, cls)),
+        (400, "replay_error"),
+    )
 
 
 def error_json(
@@ -118,13 +129,11 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(ReplayError)
     async def _replay(request: Request, exc: ReplayError) -> JSONResponse:
-        for cls, status, code in STATUS:
-            if isinstance(exc, cls):
-                if status >= 500:
-                    log.warning("%s %s: %s", request.method, request.url.path, exc)
-                retry = {"Retry-After": str(RETRY_AFTER_S)} if isinstance(exc, RETRYABLE) else None
-                return error_json(status, code, str(exc), headers=retry)
-        return error_json(400, "replay_error", str(exc))
+        status, code = status_of(exc)
+        if status >= 500:
+            log.warning("%s %s: %s", request.method, request.url.path, exc)
+        retry = {"Retry-After": str(RETRY_AFTER_S)} if isinstance(exc, RETRYABLE) else None
+        return error_json(status, code, str(exc), headers=retry)
 
     @app.exception_handler(CircuitOrderError)
     async def _circuit(request: Request, exc: CircuitOrderError) -> JSONResponse:

@@ -253,6 +253,11 @@ async def get_failed(
         403: FORBIDDEN,
         404: err_doc("no record at that partition/offset"),
         409: err_doc("already replayed (see the ledger entry); pass force=true to replay again"),
+        422: err_doc(
+            "invalid request (`problems` lists each invalid field), or nothing can be replayed: "
+            "`nothing_to_replay` (a dead letter of headers only) or `too_large` (the target "
+            "refuses the copy for its size; nothing was written, a job skips it as too_large)"
+        ),
         429: err_doc("the sidecar's replay rate ceiling (replay_max_per_second) is reached"),
         502: err_doc("producing the copy or its ledger record failed"),
     },
@@ -281,7 +286,7 @@ async def replay_one(
             actor=actor,
         )
 
-    out = await offload(request, work)
+    out = await offload(request, work)  # RecordTooLarge: 422 too_large (api.errors.STATUS)
     return ReplayOneOut(
         replay_id=out.replay_id,
         coordinate=out.coordinate,

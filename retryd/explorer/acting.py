@@ -231,6 +231,13 @@ async def replay(request: Request) -> Response:
 # ------------------------------------------------------------------ jobs
 
 
+def skip_reasons(counts: dict[str, int]) -> str:
+    """``too_large 1, target_not_allowed 2``: why records were skipped, most frequent first
+    (reason codes are the API's, so a page and ``skipped_reasons`` read alike)."""
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    return ", ".join(f"{reason} {n}" for reason, n in ranked)
+
+
 def progress_of(snap: dict[str, Any]) -> dict[str, Any]:
     """What the job page shows and its script polls."""
     return {
@@ -242,6 +249,7 @@ def progress_of(snap: dict[str, Any]) -> dict[str, Any]:
         "to_replay": snap["to_replay"],
         "replayed": snap["replayed"],
         "skipped": snap["skipped"],
+        "skip_reasons": skip_reasons(snap["skipped_reasons"]),
         "errors": snap["failed"],
         "rate": snap["rate_per_second"],
         "eta": snap["eta_seconds"],
@@ -262,6 +270,7 @@ def single_progress(job_id: str, single: Single) -> dict[str, Any]:
         "to_replay": 1,
         "replayed": 1,
         "skipped": 0,
+        "skip_reasons": "",
         "errors": 0,
         "rate": 0.0,
         "eta": None,

@@ -2,8 +2,9 @@
 
 Acting (dry runs, replays, jobs) is in ``retryd.explorer.acting``; the overview in
 ``retryd.explorer.overview_page``. Every page needs a session (``web.SignedIn``), every POST
-its CSRF token and a same-origin browser (``check_post``), and broker work runs on the API's
-bulkhead threads through the API's own functions (``offload``, ``browse``, ``read_record``).
+its CSRF token and a same-origin browser (``check_post``; a sign-in needs the sign-in form's
+own token, ``security.LoginForms``), and broker work runs on the API's bulkhead threads
+through the API's own functions (``offload``, ``browse``, ``read_record``).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import base64
 import binascii
 import logging
+import math
 import time
 from typing import Annotated, Any
 from urllib.parse import parse_qs, urlencode
@@ -18,13 +20,21 @@ from urllib.parse import parse_qs, urlencode
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import RedirectResponse, Response
 
-from retryd.api.errors import STATUS
+from retryd.api.errors import status_of
 from retryd.api.limits import offload
 from retryd.explorer import preview as pv
 from retryd.explorer.filters import FilterProblem, UiFilter
 from retryd.explorer.newest import NewestPage, browse_newest
-from retryd.explorer.security import COOKIE, COOKIE_PATH, client_address, safe_next, same_origin
-from retryd.explorer.sessions import Session, csrf_ok
+from retryd.explorer.security import (
+    COOKIE,
+    COOKIE_PATH,
+    LOGIN_COOKIE,
+    LOGIN_COOKIE_PATH,
+    client_address,
+    safe_next,
+    same_origin,
+)
+from retryd.explorer.sessions import Session, SessionsFull, csrf_ok
 from retryd.explorer.web import (
     PAGE_METHODS,
     STATIC_TYPES,
@@ -51,6 +61,20 @@ MAX_PAGE_SIZE = 200
 LIST_PREVIEW = 256
 MAX_FORM_FIELDS = 1000
 LOGIN_FAILED = "Sign-in failed: the token is not valid."
+THROTTLED = (
+    "Sign-in failed: the token is not valid, and too many sign-ins have failed lately; "
+    "wait {wait} s before trying again."
+)
+CROSS_SITE = "Sign-in refused: the form was sent from another site."
+STALE_FORM = (
+    "Sign-in refused: the form was not sent by this page, or was open too long. "
+    "Enter the token again."
+)
+SESSIONS_FULL = (
+    "Sign-in refused: all {max} explorer sessions are in use (explorer_max_sessions). "
+    "Try again in {wait} s, or ask someone to sign out."
+)
+DISABLED = "The explorer is disabled: no API token is configured."
 EXPIRED = "Your session expired; sign in again."
 
 
@@ -104,16 +128,68 @@ def check_post(
 def replay_error_page(
     request: Request, exc: ReplayError, session: Session | None, back: str = "/ui/"
 ) -> Response:
-    """A replay-layer error as a page, with the status code the API gives it."""
-    status = next((code for cls, code, _ in STATUS if isinstance(exc, cls)), 400)
+    """A replay-layer error as a page, with the status code and the error code the API gives
+    it (``too_large``, ``nothing_to_replay``…)."""
+    status, code = status_of(exc)
     if status >= 500:
         log.warning("%s %s: %s", request.method, request.url.path, exc)
     return explorer_of(request).message(
-        request, status, "Could not do that", str(exc)[:2000], session=session, back=back
+        request,
+        status,
+        "Could not do that",
+        str(exc)[:2000],
+        session=session,
+        problems=[f"Error code: {code}"],
+        back=back,
     )
 
 
 # ------------------------------------------------------------------ sign-in
+#
+# POST /ui/login checks, in this order: the browser's origin, the form's CSRF token, then the
+# token itself (constant time, against every configured digest). Only then does the failure
+# throttle come in, and only for a token that is not valid: a valid token signs in however
+# many sign-ins failed before it, from its address or any other, so nobody's flood of wrong
+# tokens locks a token holder out. Failures past the limits get 429 with Retry-After.
+
+
+def login_form(
+    request: Request,
+    status: int,
+    *,
+    target: str,
+    error: str | None = None,
+    notice: str | None = None,
+    retry_after: str | None = None,
+) -> Response:
+    """The sign-in page with a CSRF token bound to the browser's pre-session cookie (given
+    or renewed here: ``security.LoginForms``)."""
+    ex = explorer_of(request)
+    had = request.cookies.get(LOGIN_COOKIE)
+    cookie, form_token = ex.login_forms.issue(had)
+    answer = ex.render(
+        request,
+        "login.html",
+        status,
+        next=target,
+        notice=notice,
+        error=error,
+        enabled=ex.credentials.enabled,
+        login_csrf=form_token,
+    )
+    if ex.credentials.enabled and cookie != had:
+        answer.set_cookie(
+            LOGIN_COOKIE,
+            cookie,
+            max_age=int(ex.login_forms.max_age_s),
+            path=LOGIN_COOKIE_PATH,
+            httponly=True,
+            samesite="strict",
+            secure=ex.secure,
+        )
+    if retry_after is not None:
+        answer.headers["Retry-After"] = retry_after
+    return answer
 
 
 @router.api_route("/login", methods=PAGE_METHODS)
@@ -122,16 +198,8 @@ async def login_page(
     next: Annotated[str | None, Query(max_length=2048)] = None,
     expired: Annotated[str | None, Query(max_length=8)] = None,
 ) -> Response:
-    ex = explorer_of(request)
-    return ex.render(
-        request,
-        "login.html",
-        200 if ex.credentials.enabled else 503,
-        next=safe_next(next),
-        notice=EXPIRED if expired else None,
-        error=None,
-        enabled=ex.credentials.enabled,
-    )
+    status = 200 if explorer_of(request).credentials.enabled else 503
+    return login_form(request, status, target=safe_next(next), notice=EXPIRED if expired else None)
 
 
 @router.post("/login")
@@ -141,30 +209,44 @@ async def login(request: Request) -> Response:
     target = safe_next(first(form, "next"))
     client = client_address(request.scope.get("client"))
 
-    def failed(status: int, text: str) -> Response:
-        return ex.render(
-            request,
-            "login.html",
-            status,
-            next=target,
-            notice=None,
-            error=text,
-            enabled=ex.credentials.enabled,
-        )
-
     if not ex.credentials.enabled:
-        return failed(503, "The explorer is disabled: no API token is configured.")
+        return login_form(request, 503, target=target, error=DISABLED)
     if not same_origin(request.headers, ex.scheme):
-        return failed(403, "Sign-in refused: the form was sent from another site.")
-    if not ex.throttle.allowed(client):
-        return failed(429, "Too many failed sign-ins; wait a minute and try again.")
+        return login_form(request, 403, target=target, error=CROSS_SITE)
+    if not ex.login_forms.check(request.cookies.get(LOGIN_COOKIE), first(form, "csrf")):
+        return login_form(request, 403, target=target, error=STALE_FORM)
     given = (first(form, "token") or "").strip()
     token = ex.credentials.identify(given.encode("utf-8")) if 0 < len(given) <= 1024 else None
     if token is None:
-        ex.throttle.failed(client)
-        count_auth_failure("missing_token" if not given else "invalid_token")
-        return failed(401, LOGIN_FAILED)
-    session_id, _ = ex.sessions.create(token.id, token.scope)
+        reason = "missing_token" if not given else "invalid_token"
+        count_auth_failure(reason)
+        failure = ex.throttle.failed(client)
+        if failure.audit:
+            fields = {"peer": client, "reason": reason}
+            if failure.wait_s > 0:
+                fields["limit"] = failure.limit
+            audit.audit_log.info(
+                "%s %s",
+                "ui_sign_in_throttled" if failure.wait_s > 0 else "ui_sign_in_failed",
+                audit.audit_fields(fields),
+            )
+        if failure.wait_s > 0:
+            text = THROTTLED.format(wait=failure.retry_after)
+            return login_form(
+                request, 429, target=target, error=text, retry_after=failure.retry_after
+            )
+        return login_form(request, 401, target=target, error=LOGIN_FAILED)
+    ex.sessions.end(request.cookies.get(COOKIE))  # this browser's previous session, if any
+    try:
+        session_id, _ = ex.sessions.create(token.id, token.scope)
+    except SessionsFull as full:
+        audit.audit_log.info(
+            "ui_sign_in_refused %s",
+            audit.audit_fields({"actor": token.id, "reason": "sessions_full"}),
+        )
+        wait = str(max(1, math.ceil(full.retry_after_s)))
+        text = SESSIONS_FULL.format(max=ex.sessions.max_sessions, wait=wait)
+        return login_form(request, 503, target=target, error=text, retry_after=wait)
     audit.audit_log.info(
         "ui_sign_in %s", audit.audit_fields({"actor": token.id, "scope": token.scope})
     )
@@ -176,6 +258,9 @@ async def login(request: Request) -> Response:
         httponly=True,
         samesite="strict",
         secure=ex.secure,
+    )
+    answer.delete_cookie(
+        LOGIN_COOKIE, path=LOGIN_COOKIE_PATH, httponly=True, samesite="strict", secure=ex.secure
     )
     return answer
 
@@ -302,7 +387,7 @@ async def browse_page(
     try:
         page, replayed = await offload(request, work)
     except ReplayError as exc:
-        status = next((code for cls, code, _ in STATUS if isinstance(exc, cls)), 400)
+        status, _ = status_of(exc)
         return ex.render(
             request,
             "browse.html",
@@ -395,6 +480,7 @@ async def record_page(
         key=pv.preview(rec.key, pv.HEADER_MAX),
         headers=pv.header_rows(rec.headers),
         headers_error=rec.headers_error,
+        mapping_problems=[pv.short(p, 300) for p in rec.mapping_problems],
         payload=pv.preview(rec.value, pv.PAYLOAD_MAX),
         payload_max=pv.PAYLOAD_MAX,
         curl=curl_for(ex, request, rec.topic, rec.partition, rec.offset),

@@ -18,8 +18,14 @@ from retryd.api.asgi import ASGIApp, Message, Receive, Scope, Send
 from retryd.api.credentials import Credentials
 from retryd.api.state import Sidecar
 from retryd.config import Settings
-from retryd.explorer.security import COOKIE, SECURITY_HEADERS, is_ui
-from retryd.explorer.sessions import LoginThrottle, Lookup, Session, SessionStore
+from retryd.explorer.security import COOKIE, SECURITY_HEADERS, LoginForms, is_ui
+from retryd.explorer.sessions import (
+    LoginThrottle,
+    Lookup,
+    Session,
+    SessionStore,
+    per_token_share,
+)
 from retryd.replay.replayer import ReplayOutcome
 
 log = logging.getLogger(__name__)
@@ -50,12 +56,24 @@ class Explorer:
         self.settings = settings
         self.sidecar = sidecar
         self.credentials = credentials
+        # Each token gets an equal share of explorer_max_sessions: signing in again and again
+        # with one token replaces its own sessions and never ends another token's.
+        tokens = len(credentials.tokens)
         self.sessions = SessionStore(
             idle_s=settings.explorer_session_idle_s,
             max_s=settings.explorer_session_max_s,
             max_sessions=settings.explorer_max_sessions,
+            max_per_token=per_token_share(settings.explorer_max_sessions, tokens),
         )
+        if tokens > settings.explorer_max_sessions:
+            log.warning(
+                "%d API tokens but explorer_max_sessions is %d: each token may hold one "
+                "explorer session, and sign-ins are refused while all are in use",
+                tokens,
+                settings.explorer_max_sessions,
+            )
         self.throttle = LoginThrottle()
+        self.login_forms = LoginForms()
         self.secure = settings.sidecar_tls_cert_file is not None
         self.scheme = "https" if self.secure else "http"
         self.templates = Environment(

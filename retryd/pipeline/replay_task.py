@@ -3,7 +3,8 @@
 Per row: re-check the ledger (unless forced), take a token from this task's bucket, produce
 the copy; when the broker acknowledges the copy, write its ledger record with
 ``ReplayLedger.record_async``; the replay counts when that record is acknowledged too.
-This is the ordering contract of ``retryd.replay.ledger``.
+This is the ordering contract of ``retryd.replay.ledger``. A copy the target refuses for its
+size is skipped (``too_large``, ``retryd.replay.copies``) and the task goes on.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 
 from retryd.kafka.clients import new_producer
 from retryd.policy.foreign import ForeignFormat, parse_format, record_format
+from retryd.replay.copies import CopyOutcome, CopyProducer
 from retryd.replay.jobs import LEDGER_REFRESH_S, TokenBucket
 from retryd.replay.ledger import ReplayLedger
 from retryd.replay.records import FailedRecord
@@ -47,7 +49,7 @@ class _Task:
         self.spec = spec
         self.by = f"spark@{socket.gethostname()}"
         self.ledger = ReplayLedger(spec.kafka_conf, spec.ledger_topic, timeout_s=spec.timeout_s)
-        self.producer = new_producer(replay_producer_config(dict(spec.kafka_conf)))
+        self.producer = CopyProducer(new_producer, replay_producer_config(dict(spec.kafka_conf)))
         self.bucket = TokenBucket(spec.rate_per_task)
         self.never = threading.Event()
         self.inflight = 0
@@ -67,14 +69,16 @@ class _Task:
         self.ledger.poll(0)
 
     def send(self, rec: FailedRecord, target: str, forced: bool) -> None:
-        def done(error: str | None) -> None:
+        def done(outcome: CopyOutcome) -> None:
             self.inflight -= 1
-            if error is None:
+            if outcome.replayed:
                 self.replayed += 1
                 self.by_target[target] += 1
+            elif outcome.skipped is not None:  # nothing written, no ledger entry
+                self.skipped[outcome.skipped] += 1
             else:
                 self.failed += 1
-                self.error(error)
+                self.error(outcome.error or "failed")
 
         self.inflight += 1
         send_replay_copy(

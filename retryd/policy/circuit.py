@@ -14,7 +14,30 @@ failures over a sliding window of recent calls **and the distinct keys they came
   and runs again once the circuit closes, instead of moving on because of the outage.
 - **half-open**: after a probe interval (exponential with jitter, capped) exactly one call
   runs; an answer (success, drop, or a non-retryable failure: the service is there) closes
-  the circuit, a retryable failure re-opens it with the next, longer interval.
+  the circuit, a retryable failure re-opens it with the next, longer interval. A probe that
+  gets no answer by its deadline (``probe_lost``: a hung call, a lost loop) counts as failed,
+  so the circuit never stays half-open.
+
+**An outage is when retries fail too.** First attempts failing together is also what a
+workload looks like whose records fail once and succeed when retried (read-after-write lag, a
+dependency catching up: the commonest reason to use retry topics). So the window alone never
+opens the circuit. When it trips, the breaker looks at *retry evidence*: the outcomes of calls
+of records that failed before (tier records, held records run again) over the last
+``evidence_s``:
+
+- retries succeed (a recent success, and fewer failures than ``failure_ratio``): not an
+  outage; the circuit stays closed and failures are routed as usual;
+- otherwise it *confirms*: it goes half-open at once and runs one record that already failed
+  again. If that fails too, the circuit opens; if it succeeds, it closes, and that success is
+  the retry evidence that keeps the next trip from opening it.
+
+So a fail-once workload costs one extra call per ``evidence_s`` at most, and a real outage
+opens the circuit one call after the window tripped.
+
+**Poison keys found by probes.** Probes rotate keys (the engine picks them). When the probes
+of some keys failed and then another key's call was answered, those keys are *suspects*: their
+failures stay out of the window for ``window_s`` (renewed while they keep failing), so a few
+poison keys that opened the circuit once cannot open it again and again.
 
 An operator can force any state (``force``). Counting keys: a record's key (hashed), or, for a
 record without a key, its own position (each keyless record counts as a distinct key).
@@ -29,6 +52,7 @@ from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 
 ERROR_MAX = 200  # characters of the last error kept (class and record position, no payload)
+SUSPECTS_MAX = 10_000  # poison suspects remembered (keys whose probes failed, then others passed)
 
 
 class CircuitState(enum.StrEnum):
@@ -61,6 +85,7 @@ class BreakerPolicy:
     probe_max_s: float = 60.0
     probe_factor: float = 2.0
     probe_jitter: float = 0.2
+    evidence_s: float = 10.0  # how recent a retried call's outcome must be to count
 
     def __post_init__(self) -> None:
         if self.window_calls < 1 or self.window_s <= 0:
@@ -81,6 +106,8 @@ class BreakerPolicy:
             )
         if self.probe_factor < 1 or not 0 <= self.probe_jitter < 1:
             raise ValueError("circuit probe growth must be >= 1 and its jitter in [0, 1)")
+        if self.evidence_s <= 0:
+            raise ValueError("the circuit breaker's retry evidence must span some time")
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +201,10 @@ class Window:
             self._drop_keys(keys, len(keys))
             entries.popleft()
 
+    def expire(self, now_ms: int) -> None:
+        """Drop what fell out of the time span (as an ``add`` would)."""
+        self._trim(now_ms)
+
     def clear(self) -> None:
         self._entries.clear()
         self.calls = self.failures = 0
@@ -189,6 +220,15 @@ class Breaker:
         self.policy = policy
         self._draw = draw
         self.window = Window(policy.window_calls, int(policy.window_s * 1000))
+        # outcomes of calls of records that failed before (tier records, held records run
+        # again): whether retries succeed, which tells a fail-once workload from an outage
+        self.retries = Window(policy.window_calls, int(policy.evidence_s * 1000))
+        self.retry_ok_ms: int | None = None  # the last retried call that succeeded
+        self.confirming = False  # half-open because the window tripped, not after an open
+        self.spared = 0  # trips that retry evidence kept from opening the circuit
+        # keys whose probes failed while another key's call was answered: poison, not an
+        # outage; their failures stay out of the window (key -> until, epoch ms; bounded)
+        self.suspects: dict[Hashable, int] = {}
         self.state = CircuitState.CLOSED
         self.since_ms = now_ms
         self.reason = "starting"
@@ -221,6 +261,11 @@ class Breaker:
             self.changes += 1
         if self.state is not CircuitState.CLOSED:
             return  # only the probe decides outside the closed state (probe_answered/failed)
+        suspects = self.suspects
+        if suspects and failures:
+            failures = [f for f in failures if not self._suspect(f[0], now_ms)]
+            if not failures and not answered:
+                return
         w = self.window
         w.add(now_ms, answered, (key for key, _ in failures))
         p = self.policy
@@ -229,11 +274,49 @@ class Breaker:
             and len(w.keys) >= p.min_keys
             and w.failures >= p.failure_ratio * w.calls
         ):
-            self._open(
-                now_ms,
-                f"{w.failures} of the last {w.calls} calls failed, from {len(w.keys)} keys",
-                fresh=True,
-            )
+            why = f"{w.failures} of the last {w.calls} calls failed, from {len(w.keys)} keys"
+            if self.retries_succeed(now_ms):
+                self.spared += 1  # first attempts fail, retries succeed: not an outage
+                return
+            self._confirm(now_ms, why)
+
+    def suspect(self, keys: Iterable[Hashable], now_ms: int) -> None:
+        """These keys' probes failed, and then another key's call was answered: they are
+        poison (their failures no longer count toward an outage for ``window_s``)."""
+        until = now_ms + int(self.policy.window_s * 1000)
+        suspects = self.suspects
+        for key in keys:
+            if key in suspects or len(suspects) < SUSPECTS_MAX:
+                suspects[key] = until
+
+    def _suspect(self, key: Hashable, now_ms: int) -> bool:
+        """Is ``key`` a poison suspect? A failure keeps it one for another ``window_s``."""
+        until = self.suspects.get(key)
+        if until is None:
+            return False
+        if until < now_ms:
+            del self.suspects[key]
+            return False
+        self.suspects[key] = now_ms + int(self.policy.window_s * 1000)
+        return True
+
+    def retried(self, now_ms: int, ok: int, failed: int) -> None:
+        """Calls of records that failed before ended: ``ok`` got an answer, ``failed`` failed
+        retryably again (the retry evidence)."""
+        if not self.policy.enabled or (not ok and not failed):
+            return
+        self.retries.add(now_ms, ok, [None] * failed)
+        if ok:
+            self.retry_ok_ms = now_ms
+
+    def retries_succeed(self, now_ms: int) -> bool:
+        """Do records that failed before succeed when retried, recently and mostly?"""
+        ok_at = self.retry_ok_ms
+        if ok_at is None or now_ms - ok_at > self.policy.evidence_s * 1000:
+            return False
+        r = self.retries
+        r.expire(now_ms)
+        return r.calls > 0 and r.failures <= self.policy.failure_ratio * r.calls
 
     def probe_due(self, now_ms: int) -> bool:
         """Open and its probe interval is over: go half-open (the engine lets one call in)."""
@@ -243,6 +326,7 @@ class Breaker:
             return False
         self._set(CircuitState.HALF_OPEN, now_ms, "probing: one call let through")
         self.next_probe_ms = None
+        self.confirming = False
         self.probes += 1
         return True
 
@@ -252,13 +336,26 @@ class Breaker:
             return
         self.close(now_ms, "a call was answered")
 
-    def probe_failed(self, now_ms: int, error: str) -> None:
-        """The probe failed retryably: open again, and wait longer before the next one."""
+    def probe_failed(self, now_ms: int, error: str, *, why: str = "the probe failed") -> None:
+        """The probe failed retryably: open, and wait longer before the next one (a confirming
+        probe opens with the first interval)."""
         if self.state is not CircuitState.HALF_OPEN:
             return
         self.last_error = error[:ERROR_MAX]
+        if self.confirming:
+            self._open(now_ms, f"{self.reason}; {why}", fresh=True)
+            return
         self.interval_s = min(self.interval_s * self.policy.probe_factor, self.policy.probe_max_s)
-        self._open(now_ms, "the probe failed", fresh=False)
+        self._open(now_ms, why, fresh=False)
+
+    def probe_lost(self, now_ms: int, where: str, after_s: float) -> None:
+        """The probe got no answer by its deadline (a hung call, a lost event loop): it counts
+        as failed, so the circuit cannot stay half-open forever."""
+        self.probe_failed(
+            now_ms,
+            f"no answer from the probe {where} within {after_s:g}s",
+            why=f"the probe got no answer within {after_s:g}s",
+        )
 
     def count_held(self, n: int = 1) -> None:
         self.held += n
@@ -268,6 +365,7 @@ class Breaker:
         self.window.clear()
         self.interval_s = self.policy.probe_initial_s
         self.next_probe_ms = None
+        self.confirming = False
         self._set(CircuitState.CLOSED, now_ms, why)
 
     def force(self, action: CircuitAction, now_ms: int, by: str) -> None:
@@ -294,7 +392,16 @@ class Breaker:
         )
 
     # ------------------------------------------------------------ internals
+    def _confirm(self, now_ms: int, why: str) -> None:
+        """The window tripped without recent retry evidence: half-open now, so one record
+        that already failed runs again (the engine picks it) before anything is held for long."""
+        self._set(CircuitState.HALF_OPEN, now_ms, f"confirming: {why}; a failed record runs again")
+        self.next_probe_ms = None
+        self.confirming = True
+        self.probes += 1
+
     def _open(self, now_ms: int, why: str, *, fresh: bool) -> None:
+        self.confirming = False
         if fresh:
             self.interval_s = self.policy.probe_initial_s
         jitter = self.policy.probe_jitter

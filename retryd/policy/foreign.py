@@ -4,7 +4,9 @@ A topic named in ``foreign_dead_letters`` holds records another system dead-lett
 headers are mapped onto the fields retryd's own dead letters carry (``retryd_original_topic``
 and the rest, see ``retryd.policy.headers``), so browsing, filters, replays and the Spark
 report treat them alike. Nothing here raises: a header that is missing, of the wrong length or
-not UTF-8 leaves its field None and adds one line to ``ForeignFields.problems``.
+not UTF-8 leaves its field None and adds one line naming it to ``ForeignFields.problems``
+(text that is not UTF-8 is never shown with replacement characters: a guess at what it said
+would pass for what the other system wrote).
 
 Where each mapping comes from (the exact encodings were read in these sources):
 
@@ -147,7 +149,7 @@ SHARE_ERROR_CLASS = "ShareGroupDLQ"  # the broker names no class: this says who 
 
 INT32_MAX = 2**31 - 1
 GROUP_MAX_BYTES = 256
-MAX_PROBLEMS = 8
+MAX_PROBLEMS = 16  # more than any format reads headers: each unreadable one is named
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,15 +218,15 @@ class _Reader:
         return (self.first if first else self.last).get(name)
 
     def text(self, name: str, *, first: bool = False, limit: int | None = None) -> str | None:
-        """UTF-8 text (invalid sequences replaced, noted), cut to ``limit`` bytes."""
+        """UTF-8 text cut to ``limit`` bytes; None (noted) when the bytes are not UTF-8."""
         raw = self.raw(name, first=first)
         if raw is None:
             return None
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError:
-            self.note(f"header {name} is not valid UTF-8 (shown with replacement characters)")
-            text = raw.decode("utf-8", errors="replace")
+            self.note(f"header {name} is not valid UTF-8: its field is null")
+            return None
         if limit is not None:
             text = h.truncate_utf8(text, limit).decode("utf-8")
         return text
@@ -249,7 +251,8 @@ class _Reader:
         raw = self.raw(name, first=first)
         if raw is None:
             return None
-        text = raw.decode("ascii", errors="replace").strip()
+        # bytes that are not ASCII named in the problem as \xff, never as U+FFFD
+        text = raw.decode("ascii", errors="backslashreplace").strip()
         if text == "-1":
             return None
         value = h.parse_uint(text)
@@ -322,14 +325,20 @@ def _attempts_to_retries(attempts: int | None) -> int | None:
 
 def _spring(r: _Reader) -> dict[str, str | int | None]:
     # "original" headers: the first occurrence names where the record first entered
-    exception = r.text(SPRING_EXCEPTION, limit=h.ERROR_CLASS_MAX_BYTES)
-    message = r.text(SPRING_MESSAGE, limit=h.ERROR_MESSAGE_MAX_BYTES)
-    if exception is None:  # only the key failed (to deserialize)
-        exception = r.text(SPRING_KEY_EXCEPTION, limit=h.ERROR_CLASS_MAX_BYTES)
-        message = r.text(SPRING_KEY_MESSAGE, limit=h.ERROR_MESSAGE_MAX_BYTES)
+    # only the key failed (to deserialize) when the value's exception header is absent (one
+    # present but unreadable stays the value's: null, named in the problems)
+    key_only = r.raw(SPRING_EXCEPTION, first=False) is None
+    exception = r.text(
+        SPRING_KEY_EXCEPTION if key_only else SPRING_EXCEPTION, limit=h.ERROR_CLASS_MAX_BYTES
+    )
+    message = r.text(
+        SPRING_KEY_MESSAGE if key_only else SPRING_MESSAGE, limit=h.ERROR_MESSAGE_MAX_BYTES
+    )
     cause = r.text(SPRING_CAUSE, limit=h.ERROR_CLASS_MAX_BYTES)
-    # Spring wraps a listener's exception: the cause is the class that failed
-    error_class = cause if exception == _SPRING_WRAPPER and cause else exception
+    # Spring wraps a listener's exception: the cause is the class that failed (null when its
+    # header is there but unreadable; the wrapper when it is absent or empty)
+    wrapped = exception == _SPRING_WRAPPER and r.raw(SPRING_CAUSE, first=False) is not None
+    error_class = cause if wrapped and cause != "" else exception
     malformed = any(c and c.endswith("DeserializationException") for c in (exception, cause))
     return _fields(
         topic=r.topic(SPRING_TOPIC, first=True),
@@ -387,11 +396,12 @@ def _connect(r: _Reader, timestamp: int | None) -> dict[str, str | int | None]:
 def _share_group(r: _Reader) -> dict[str, str | int | None]:
     message = r.text(SHARE_MESSAGE, limit=h.ERROR_MESSAGE_MAX_BYTES)
     reason = {SHARE_REJECTED: h.DEAD_NON_RETRYABLE, SHARE_DELIVERY_LIMIT: h.DEAD_EXHAUSTED}
+    has_message = r.raw(SHARE_MESSAGE, first=False) is not None  # readable or not
     return _fields(
         topic=r.topic(SHARE_TOPIC),
         partition=r.decimal(SHARE_PARTITION, max_value=INT32_MAX),
         offset=r.decimal(SHARE_OFFSET),
-        error_class=SHARE_ERROR_CLASS if message is not None else None,
+        error_class=SHARE_ERROR_CLASS if has_message else None,
         error_message=message,
         dead_reason=reason.get(message or ""),
         retry_number=_attempts_to_retries(r.decimal(SHARE_DELIVERY_COUNT, max_value=2**15 - 1)),

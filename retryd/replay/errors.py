@@ -34,6 +34,15 @@ class NothingToReplay(ReplayError):
     (a share group without ``errors.deadletterqueue.copy.record.enable``)."""
 
 
+class RecordTooLarge(NothingToReplay):
+    """The target refuses the replayed copy for its size (the topic's ``max.message.bytes``,
+    or the producer's ``message.max.bytes``), sent alone: nothing was written and the ledger
+    has no entry. The API answers 422 ``too_large``; a job or a Spark replay skips the record
+    with reason ``too_large`` and goes on."""
+
+    reason = "too_large"
+
+
 class InvalidRequest(ReplayError):
     """A request is well-formed but makes no sense here (bad cursor, unknown partition…)."""
 

@@ -5,7 +5,9 @@ names) to its current end and fixes the job's *snapshot* (end offset per partiti
 dead-lettered after the job started are not part of it, so a job replays exactly the set it
 matched. A counting pass that cannot reach that end within
 ``count_timeout_s`` fails the job before anything is replayed (never a silent partial snapshot).
-Progress (matched, replayed, skipped, failed, rate, ETA, position) is readable at any time;
+Progress (matched, replayed, skipped, failed, rate, ETA, position) is readable at any time; a
+copy the target refuses for its size is skipped (``too_large``, ``retryd.replay.copies``) and
+the job goes on;
 ``cancel`` stops it after the records in flight have a definite outcome: every copy acknowledged
 is also in the ledger (or counted failed), so the counts and the position it reports are exact
 and a shutdown never leaves a copy without its ledger entry. Each replayed record writes an
@@ -22,11 +24,13 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
-from confluent_kafka import KafkaException, Producer
+from confluent_kafka import KafkaException
 
 from retryd.policy.foreign import ForeignFormat, TopicFormat
 from retryd.replay import audit, recovery
 from retryd.replay.copies import (
+    CopyOutcome,
+    CopyProducer,
     effective_delivery_timeout_s,
     replay_producer_config,
     send_replay_copy,
@@ -147,7 +151,7 @@ class ReplayJob:
         from retryd.metrics.registry import REPLAYED
 
         scanner: TopicScanner | None = None
-        producer: Producer | None = None
+        producer: CopyProducer | None = None
         p = self.progress
         p.started_at = time.time()
         try:
@@ -174,7 +178,7 @@ class ReplayJob:
                 self._marker = recovery.begin(
                     self.ledger, self.common, self.id, targets, self.timeout_s
                 )
-            producer = self.ledger.clients.producer(self.producer_conf)
+            producer = CopyProducer(self.ledger.clients.producer, self.producer_conf)
             self._replay(scanner, producer, start, REPLAYED)
         except (ReplayError, LedgerError, KafkaException) as exc:
             log.error("replay job %s failed: %s", self.id, exc)
@@ -251,7 +255,7 @@ class ReplayJob:
         return None, target
 
     def _replay(
-        self, scanner: TopicScanner, producer: Producer, start: dict[int, int], counter: Any
+        self, scanner: TopicScanner, producer: CopyProducer, start: dict[int, int], counter: Any
     ) -> None:
         spec = self.spec
         bucket = TokenBucket(spec.max_per_second)
@@ -321,7 +325,7 @@ class ReplayJob:
                 self.progress.position[unprocessed.partition] = unprocessed.offset
         self._finish(*outcome)
 
-    def _send(self, producer: Producer, rec: FailedRecord, target: str, counter: Any) -> None:
+    def _send(self, producer: CopyProducer, rec: FailedRecord, target: str, counter: Any) -> None:
         coord = rec.coord
 
         def recorded(entry: LedgerEntry) -> None:
@@ -336,16 +340,21 @@ class ReplayJob:
                 job=self.id,
             )
 
-        def done(error: str | None) -> None:
+        def done(outcome: CopyOutcome) -> None:
             with self._lock:
                 self._inflight -= 1
-                if error is None:
-                    self.progress.replayed += 1
-                    self.progress.last_replayed = str(coord)
+                p = self.progress
+                if outcome.replayed:
+                    p.replayed += 1
+                    p.last_replayed = str(coord)
+                elif outcome.skipped is not None:  # nothing written: counted like any skip
+                    p.skipped += 1
+                    p.skipped_reasons[outcome.skipped] += 1
                 else:
-                    self.progress.failed += 1
-                    self._note_error(error)
-            counter.labels(status="replayed" if error is None else "failed").inc()
+                    p.failed += 1
+                    self._note_error(outcome.error or "failed")
+            status = "replayed" if outcome.replayed else "failed"
+            counter.labels(status=status if outcome.skipped is None else "skipped").inc()
             self.ledger.release(coord)
 
         def idle(seconds: float) -> None:
@@ -354,20 +363,26 @@ class ReplayJob:
 
         with self._lock:
             self._inflight += 1
-        send_replay_copy(
-            producer,
-            self.ledger,
-            rec,
-            target,
-            self.policy.partitions(target) or 1,
-            replay_id=self.id,
-            forced=self.ledger.is_replayed(coord),
-            by=self.by,
-            on_done=done,
-            idle=idle,
-            on_recorded=recorded,
-            tracing=self.tracing,
-        )
+        try:
+            send_replay_copy(
+                producer,
+                self.ledger,
+                rec,
+                target,
+                self.policy.partitions(target) or 1,
+                replay_id=self.id,
+                forced=self.ledger.is_replayed(coord),
+                by=self.by,
+                on_done=done,
+                idle=idle,
+                on_recorded=recorded,
+                tracing=self.tracing,
+            )
+        except KafkaException:  # refused by produce itself: never sent, so never in flight
+            with self._lock:
+                self._inflight -= 1
+            self.ledger.release(coord)
+            raise
 
     def _close_marker(self, marker: recovery.JobMarker) -> None:
         """Every copy has its entry: the job's marker goes. If that write fails the marker
@@ -378,7 +393,7 @@ class ReplayJob:
         except LedgerError as exc:
             log.warning("replay job %s: could not remove its ledger marker: %s", self.id, exc)
 
-    def _drain(self, producer: Producer) -> bool:
+    def _drain(self, producer: CopyProducer) -> bool:
         """Wait until every copy and its ledger record has a definite outcome (False when some
         outcomes are still unknown). Both producers report every message within their delivery
         timeout, so this ends by itself; the deadline only guards against a report that never
@@ -425,31 +440,35 @@ class ReplayJob:
 
     def _finish(self, state: str, reason: str) -> None:
         with self._lock:
-            self.progress.state = state
-            self.progress.stop_reason = reason
-            self.progress.finished_at = time.time()
-            self._finished_mono = time.monotonic()
-        # Log first, then wake waiters: `retryd replay` exits as soon as its job is done, and
-        # an audit line written after that could be lost with the process (seen in tests as
-        # "I/O operation on closed file" from the job's thread after the command returned).
+            p = self.progress
+            replayed, skipped, failed = p.replayed, p.skipped, p.failed
+        # Log first, then show the end and wake waiters: `retryd replay` exits as soon as its
+        # job is done, and an audit line written after that could be lost with the process
+        # (seen in tests as "I/O operation on closed file" from the job's thread after the
+        # command returned); whoever sees the job finished finds its line written.
         audit.job_event(
             "finished",
             actor=self.spec.actor,
             job=self.id,
             state=state,
-            replayed=self.progress.replayed,
-            skipped=self.progress.skipped,
-            failed=self.progress.failed,
+            replayed=replayed,
+            skipped=skipped,
+            failed=failed,
         )
         log.info(
             "replay job %s %s: %s (replayed=%d skipped=%d failed=%d)",
             self.id,
             state,
             reason,
-            self.progress.replayed,
-            self.progress.skipped,
-            self.progress.failed,
+            replayed,
+            skipped,
+            failed,
         )
+        with self._lock:
+            self.progress.state = state
+            self.progress.stop_reason = reason
+            self.progress.finished_at = time.time()
+            self._finished_mono = time.monotonic()
         self._done.set()
 
     def rate(self) -> float:

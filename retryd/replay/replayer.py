@@ -1,6 +1,8 @@
 """Replay one failed record: pick and check the target, consult the ledger, produce, record.
 
 How the copy itself is made lives in ``copies``; which topics may be targets in ``targets``.
+A copy the target refuses for its size, sent alone, raises ``RecordTooLarge`` (422
+``too_large``): nothing was written and the ledger gets no entry.
 """
 
 from __future__ import annotations
@@ -10,14 +12,19 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from retryd.replay import audit
 from retryd.replay.copies import (
+    CopyProducer,
+    copy_size,
     effective_delivery_timeout_s,
+    is_too_large,
+    refusal,
     replay_copy_kwargs,
+    too_large_text,
     who,
 )
 
@@ -29,6 +36,7 @@ from retryd.replay.errors import (
     AlreadyReplayed,
     BrokerUnavailable,
     RateLimited,
+    RecordTooLarge,
     ReplayFailed,
 )
 from retryd.replay.fence import Fence
@@ -88,13 +96,13 @@ class Replayer:
         self.delivery_wait_s = effective_delivery_timeout_s(self.conf) + timeout_s
         self.ceiling = ceiling
         self.fence = Fence()
-        self._producer: Producer | None = None
+        self._producer: CopyProducer | None = None
         self._lock = threading.Lock()
 
-    def _get_producer(self) -> Producer:
+    def _get_producer(self) -> CopyProducer:
         with self._lock:
             if self._producer is None:
-                self._producer = self.ledger.clients.producer(self.conf)
+                self._producer = CopyProducer(self.ledger.clients.producer, self.conf)
             return self._producer
 
     def replay(
@@ -105,9 +113,9 @@ class Replayer:
         force: bool = False,
         actor: str = "cli",
     ) -> ReplayOutcome:
-        """Replay ``rec`` once; raises TargetRefused, AlreadyReplayed, ReplayFailed,
-        BrokerUnavailable, RateLimited, ShuttingDown. Counts ``retryd_replayed_total{status}``
-        and writes one audit line naming ``actor``."""
+        """Replay ``rec`` once; raises TargetRefused, AlreadyReplayed, RecordTooLarge,
+        ReplayFailed, BrokerUnavailable, RateLimited, ShuttingDown. Counts
+        ``retryd_replayed_total{status}`` and writes one audit line naming ``actor``."""
         with self.fence.enter("replay"):
             return self._replay(rec, target, force, actor)
 
@@ -202,13 +210,34 @@ class Replayer:
     def _produce(
         self, rec: FailedRecord, topic: str, count: int, replay_id: str
     ) -> tuple[int, int]:
+        from retryd.metrics.registry import REPLAYED
+
         producer = self._get_producer()
-        result: list[tuple[KafkaError | None, Message]] = []
         kwargs = replay_copy_kwargs(rec, topic, count, replay_id, self.tracing)
-        kwargs["on_delivery"] = lambda err, msg: result.append((err, msg))
+        where = f"{rec.topic}[{rec.partition}]@{rec.offset}"
+        err, msg = self._deliver(producer.main, topic, kwargs, where)
+        if is_too_large(err):  # refused in a batch, maybe for another copy's size: alone now
+            err, msg = self._deliver(producer.solo, topic, kwargs, where)
+        if err is not None:
+            if is_too_large(err):
+                self._too_large(where, topic, kwargs, err.str())
+            REPLAYED.labels(status="failed").inc()
+            raise ReplayFailed(f"producing the copy to {topic} failed: {err.str()}")
+        return msg.partition() or 0, msg.offset() or 0
+
+    def _deliver(
+        self, producer: Producer, topic: str, kwargs: dict[str, Any], where: str
+    ) -> tuple[KafkaError | None, Message]:
+        """Produce one copy and wait for its delivery report (error, message)."""
+        result: list[tuple[KafkaError | None, Message]] = []
         try:
-            producer.produce(topic, **kwargs)
-        except (BufferError, KafkaException) as exc:
+            producer.produce(topic, on_delivery=lambda e, m: result.append((e, m)), **kwargs)
+        except KafkaException as exc:
+            err = refusal(exc)
+            if err is not None and is_too_large(err):  # over message.max.bytes: refused here
+                self._too_large(where, topic, kwargs, err.str())
+            raise ReplayFailed(f"cannot produce to {topic}: {exc}") from exc
+        except BufferError as exc:
             raise ReplayFailed(f"cannot produce to {topic}: {exc}") from exc
         deadline = time.monotonic() + self.delivery_wait_s
         while not result and time.monotonic() < deadline:
@@ -218,13 +247,16 @@ class Replayer:
                 f"the copy to {topic} got no delivery report in {self.delivery_wait_s:g}s "
                 "(outcome unknown: it may exist without a ledger entry)"
             )
-        err, msg = result[0]
-        if err is not None:
-            from retryd.metrics.registry import REPLAYED
+        return result[0]
 
-            REPLAYED.labels(status="failed").inc()
-            raise ReplayFailed(f"producing the copy to {topic} failed: {err.str()}")
-        return msg.partition() or 0, msg.offset() or 0
+    @staticmethod
+    def _too_large(where: str, topic: str, kwargs: dict[str, Any], why: str) -> NoReturn:
+        from retryd.metrics.registry import REPLAYED
+
+        text = too_large_text(where, topic, copy_size(kwargs), why)
+        log.warning("%s", text)
+        REPLAYED.labels(status="skipped").inc()
+        raise RecordTooLarge(text)
 
     def close(self, timeout_s: float | None = None) -> int:
         """Refuse new replays, wait for those in progress (each is bounded by its delivery

@@ -44,6 +44,7 @@ from retryd.worker.faults import Faults
 from retryd.worker.intake import Intake
 from retryd.worker.lag import LagReporter
 from retryd.worker.lifecycle import NO_HOOKS, Lifecycle, RaceHooks
+from retryd.worker.loop_pool import ASYNC_CANCEL_GRACE_S
 from retryd.worker.offsets import OffsetSink, StoredOffsets, TransactionalOffsets
 from retryd.worker.partition import PartitionState
 from retryd.worker.pools import LoopPool, Pool, ThreadPool
@@ -193,6 +194,8 @@ def build_worker(
         events,
         CommandReader(settings.state_dir, settings.group_id),
         count_tiers=role is Role.TIERS,
+        # a probe's verdict comes within its longest call, the async cancel grace and a margin
+        probe_timeout_s=pool.timeout_s + ASYNC_CANCEL_GRACE_S + 2.0,
     )
     strict = None
     if settings.strict_topics:
@@ -211,6 +214,7 @@ def build_worker(
         lifecycle,
         faults,
         circuit,
+        scheduler,
         exactly_once=settings.exactly_once,
         strict=strict,
         tracing=tracing,

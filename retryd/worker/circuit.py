@@ -2,14 +2,29 @@
 
 ``Circuit`` feeds the breaker what calls did and applies what it decides:
 
-- **who may start**: the scheduler's gate is shut while the circuit is open (records stay
-  ready, in order) and lets exactly one record through when it goes half-open (the probe);
+- **who may start**: the scheduler's gate is shut while the circuit is not closed (records
+  stay ready, in order) and lets exactly the probe through when it is half-open;
 - **what is fetched**: every partition (main topics and tiers) is paused while it is open;
   the loop keeps polling, so the group membership is kept;
 - **where a failed record goes**: while the circuit is not closed, a retryable failure is
-  *held* (``Lifecycle.hold``: FAILED → QUEUED, back at the front of the scheduler) instead of
-  being routed. The record stays unsettled in its partition, so its offset is not committed:
-  a crash or a revoke meanwhile hands it to the next owner, and nothing is lost.
+  *held* (``Lifecycle.hold``: FAILED → QUEUED) instead of being routed. The record stays
+  unsettled in its partition, so its offset is not committed, and it keeps its key's lane in
+  the scheduler (``Scheduler.keep``): the records of its key behind it wait until it ran again
+  (after the circuit closed, held records go back to the front of the line, in offset order).
+  A failure whose call ended while the circuit was still closed already let its key move on:
+  it is routed, never run again behind a later record of its key. A crash or a revoke
+  meanwhile hands a held record to the next owner, and nothing is lost.
+
+**The probe is owned here**, from choice to verdict:
+
+- *chosen* among held records that already failed, the oldest of a key whose probe has not
+  failed yet in this outage; when every held key failed a probe, a record that never ran is
+  taken from the ready queue instead, then the key with the fewest failed probes. So a few
+  poison keys cannot keep the circuit open after the service recovered;
+- *offered* to the scheduler's shut gate as the one record that may start;
+- *judged*: an answer closes the circuit, a retryable failure opens it again, and no verdict
+  by its deadline (``probe_timeout_s``: the longest call plus the async cancel grace) counts
+  as a failure. A probe cut off with an abandoned event loop is offered again.
 
 The settler asks ``hold`` for every failed call before routing it; the poll thread calls
 ``tick`` once per iteration and ``apply_orders`` once per heartbeat.
@@ -18,16 +33,17 @@ The settler asks ``hold`` for every failed call before routing it; the poll thre
 from __future__ import annotations
 
 import logging
-from collections.abc import Hashable
+import time
+from collections.abc import Hashable, Iterable
 
-from retryd.policy.circuit import Breaker, CircuitSnapshot, CircuitState
+from retryd.policy.circuit import Breaker, CircuitAction, CircuitSnapshot, CircuitState
 from retryd.policy.classify import Outcome
 from retryd.policy.headers import DEAD_EXHAUSTED
 from retryd.runtime.circuit_control import CommandReader
 from retryd.worker.book import PartitionBook
 from retryd.worker.events import Sink
-from retryd.worker.lifecycle import DISCARDED, SUCCEEDED, Lifecycle
-from retryd.worker.partition import PAUSE_CIRCUIT
+from retryd.worker.lifecycle import DISCARDED, QUEUED, RUNNING, SUCCEEDED, Lifecycle
+from retryd.worker.partition import PAUSE_CIRCUIT, PartitionState
 from retryd.worker.scheduler import Scheduler
 from retryd.worker.work import Work
 
@@ -37,6 +53,7 @@ _RETRY = Outcome.RETRY
 CLOSED = CircuitState.CLOSED
 OPEN = CircuitState.OPEN
 HALF_OPEN = CircuitState.HALF_OPEN
+PROBE_KEYS_MAX = 10_000  # keys whose probe failed, remembered per outage
 
 
 def failure_key(w: Work) -> Hashable:
@@ -44,6 +61,10 @@ def failure_key(w: Work) -> Hashable:
     record's own position, so keyless records count as distinct keys."""
     key = w.msg.key
     return key if key is not None else (w.msg.topic, w.msg.partition, w.offset)
+
+
+def _position(w: Work) -> tuple[str, int, int]:
+    return (w.msg.topic, w.msg.partition, w.offset)
 
 
 class Circuit:
@@ -57,6 +78,7 @@ class Circuit:
         orders: CommandReader | None,
         *,
         count_tiers: bool = False,
+        probe_timeout_s: float = 60.0,
     ) -> None:
         self.breaker = breaker
         # Which failures count in the window: a main-topic record's (its first attempt). A
@@ -69,7 +91,11 @@ class Circuit:
         self.lifecycle = lifecycle
         self.events = events
         self.orders = orders
-        self._held: list[Work] = []
+        self.probe_timeout_s = probe_timeout_s
+        self._held: list[Work] = []  # failed records kept in place (heads of their lanes)
+        self._probe: Work | None = None  # offered to the gate, or running
+        self._probe_deadline = 0.0  # monotonic
+        self._failed_probe_keys: dict[Hashable, int] = {}
         self._gate: CircuitState = CLOSED  # the state the gate and the pauses were set for
         self._published = -1
 
@@ -77,15 +103,23 @@ class Circuit:
     def closed(self) -> bool:
         return self.breaker.state is CLOSED
 
-    def answered(self, n: int, now_ms: int) -> None:
-        """``n`` calls got an answer (settled on their slot) since the last look."""
+    @property
+    def held(self) -> int:
+        return len(self._held)
+
+    # ------------------------------------------------------------------ evidence
+    def answered(self, n: int, now_ms: int, retried_ok: int = 0) -> None:
+        """``n`` calls got an answer (settled on their slot) since the last look, of which
+        ``retried_ok`` were calls of records that failed before (retry evidence)."""
+        b = self.breaker
+        if retried_ok > 0:
+            b.retried(now_ms, retried_ok, 0)
         if n <= 0:
             return
-        b = self.breaker
         if b.state is CLOSED:
             b.observe(now_ms, n, [])
         elif b.state is HALF_OPEN:  # (while open, late answers of earlier calls change nothing)
-            b.probe_answered(now_ms)
+            self._answered_while_probing(now_ms)
             self._sync()
 
     def hold(self, w: Work, now_ms: int, dead_reason: str | None) -> bool:
@@ -103,13 +137,17 @@ class Circuit:
             return False  # dead-lettered by a rule, not moved on by the outage
         if not b.policy.enabled:
             return False
+        if w.env is not None or w.attempt > 1:  # it failed before: retry evidence
+            b.retried(now_ms, 0, 1)
         error = f"{result.error_class} at {w.where}"
-        probe = False
+        probe = w is self._probe
+        if probe:
+            self._probe = None
         if b.state is CLOSED:
             if w.env is None or self.count_tiers:
                 b.observe(now_ms, 0, [(failure_key(w), error)])
-        elif w is self.scheduler.probe and b.state is HALF_OPEN:
-            probe = True
+        elif probe and b.state is HALF_OPEN:
+            self._probe_failed(w)
             b.probe_failed(now_ms, error)
             log.warning(
                 "circuit stays open: the probe %s failed (%s); next probe in %.1fs",
@@ -120,37 +158,97 @@ class Circuit:
         else:
             b.last_error = error
         self._sync()  # shut the gate at once: no more calls start into the outage
-        if b.state is CLOSED or not self.lifecycle.hold(w):
-            return False
-        if probe:  # the next probe is another record: this one may be a poison record
-            self.scheduler.requeue_last(w)
-        else:
-            self._held.append(w)
+        if b.state is CLOSED or not self.scheduler.keep(w, self.lifecycle.hold):
+            return False  # closed, discarded, or its key already moved on: routed
+        self._held.append(w)
         b.count_held()
         return True
 
+    def _probe_failed(self, w: Work) -> None:
+        keys = self._failed_probe_keys
+        key = failure_key(w)
+        if key in keys or len(keys) < PROBE_KEYS_MAX:
+            keys[key] = keys.get(key, 0) + 1
+
+    # ------------------------------------------------------------------ every iteration
     def tick(self, now_ms: int) -> None:
-        """Once per poll iteration, after settling: held records back in line, probes, the
-        gate and the pauses for the current state, and the snapshot to the sinks."""
+        """Once per poll iteration, after settling: probes, the gate and the pauses for the
+        current state, and the snapshot to the sinks."""
         b = self.breaker
-        if self._held:
-            held = sorted(self._held, key=lambda w: (w.msg.topic, w.msg.partition, w.offset))
-            self._held.clear()
-            self.scheduler.requeue(held)
         if b.state is OPEN and b.probe_due(now_ms):
             log.info("circuit half-open: letting one call through")
-        elif b.state is HALF_OPEN:
-            probe = self.scheduler.probe
-            if probe is not None and probe.stage is SUCCEEDED:
-                b.probe_answered(now_ms)
-            elif probe is not None and probe.stage is DISCARDED:
-                self.scheduler.set_gate(1)  # its assignment was given up: probe with another
+        if b.state is HALF_OPEN:
+            self._tend_probe(now_ms)
         self._sync()
         if b.state is OPEN:
             self.book.pause_all(PAUSE_CIRCUIT, True)  # partitions assigned since it opened
         if b.changes != self._published:
             self._published = b.changes
             self.events.circuit(b.snapshot())
+
+    def _tend_probe(self, now_ms: int) -> None:
+        """Half-open: judge the probe in flight, or offer one."""
+        b = self.breaker
+        p = self._probe
+        if p is not None:
+            stage = p.stage
+            if stage is SUCCEEDED:
+                self._probe = None
+                self._answered_while_probing(now_ms)
+                return
+            if stage is DISCARDED:
+                self._probe = None  # its assignment was given up: probe with another record
+            elif stage is QUEUED and self.scheduler.probe is not p:
+                # cut off with an abandoned loop and back in line: offer it again
+                if self.scheduler.steal(lambda w: w is p) is not None:
+                    self._offer(p)
+                return
+            elif (stage is RUNNING or stage is QUEUED) and time.monotonic() > self._probe_deadline:
+                self._probe = None
+                if self.scheduler.withdraw_probe() is p:
+                    self._held.append(p)  # never taken: it stays in place with the others
+                self._probe_failed(p)
+                b.probe_lost(now_ms, p.where, self.probe_timeout_s)
+                log.warning(
+                    "circuit stays open: the probe %s got no answer within %gs; next probe "
+                    "in %.1fs",
+                    p.where,
+                    self.probe_timeout_s,
+                    b.interval_s,
+                )
+                return
+            else:
+                return  # running, or failed and about to be judged by ``hold``
+        w = self._choose_probe()
+        if w is not None:
+            self._offer(w)
+
+    def _offer(self, w: Work) -> None:
+        self._probe = w
+        self._probe_deadline = time.monotonic() + self.probe_timeout_s
+        self.scheduler.offer_probe(w)
+
+    def _choose_probe(self) -> Work | None:
+        """The next probe: a held record of a key not yet probed in this outage (the oldest),
+        else a record that never ran of such a key, else the held record whose key failed
+        the fewest probes."""
+        held = [w for w in self._held if w.stage is QUEUED]
+        failed = self._failed_probe_keys
+        fresh = [w for w in held if failure_key(w) not in failed]
+        pick: Work | None = min(fresh, key=_position) if fresh else None
+        if pick is None:
+            stolen = self.scheduler.steal(
+                lambda w: w.stage is QUEUED and w.attempt == 0 and failure_key(w) not in failed
+            )
+            if stolen is not None:
+                self._held = held
+                return stolen
+            if held:
+                pick = min(held, key=lambda w: (failed.get(failure_key(w), 0), _position(w)))
+        if pick is not None:
+            held.remove(pick)
+        self._held = held
+        return pick
 
     def _sync(self) -> None:
         """Make the gate and the pauses follow the breaker's state."""
@@ -162,11 +260,11 @@ class Circuit:
         before, self._gate = self._gate, state
         b = self.breaker
         if state is CLOSED:
-            self.scheduler.set_gate(None)
+            self._reopen_lanes()
             log.warning("circuit closed (%s): calls resume", b.reason)
-        elif state is OPEN:
-            self.scheduler.set_gate(0)
-            if before is CLOSED:  # (back from a failed probe: logged there)
+        else:
+            self.scheduler.set_gate(False)
+            if state is OPEN and before is CLOSED:  # (back from a failed probe: logged there)
                 log.warning(
                     "circuit open (%s; last error: %s): no calls start, partitions paused, "
                     "failed records held in place; first probe in %.1fs",
@@ -174,13 +272,52 @@ class Circuit:
                     b.last_error,
                     b.interval_s,
                 )
-        else:
-            self.scheduler.set_gate(1)
+            elif state is HALF_OPEN and before is CLOSED:
+                log.warning("circuit half-open (%s; last error: %s)", b.reason, b.last_error)
+            if before is CLOSED:
+                self._failed_probe_keys.clear()
         # fetch nothing while open; half-open fetches again so a probe has a record to run
         self.book.pause_all(PAUSE_CIRCUIT, state is OPEN)
-        if before is CLOSED and state is HALF_OPEN:  # an order skipped the open state
-            log.warning("circuit half-open (%s)", b.reason)
 
+    def _answered_while_probing(self, now_ms: int) -> None:
+        """A call was answered while half-open: the service is back, so the circuit closes,
+        and the keys whose probes failed meanwhile are poison suspects, not an outage."""
+        if self._failed_probe_keys:
+            self.breaker.suspect(self._failed_probe_keys, now_ms)
+            self._failed_probe_keys.clear()
+        self.breaker.probe_answered(now_ms)
+
+    def _reopen_lanes(self) -> None:
+        """The circuit closed: the probe (if not taken) and the held records go back to the
+        front of the line, in offset order, and every ready record may start again."""
+        probe = self.scheduler.withdraw_probe()
+        self._probe = None
+        held = self._held
+        self._held = []
+        if probe is not None:
+            held.append(probe)
+        held.sort(key=_position)
+        self.scheduler.requeue(held)
+        self.scheduler.set_gate(True)
+
+    def forget(self, states: Iterable[PartitionState]) -> None:
+        """Assignments released: their held records were discarded; their lanes go (the
+        records chained behind them drain like every discarded record)."""
+        gone = set(states)
+        keep = []
+        for w in self._held:
+            if w.part in gone:
+                self.scheduler.release(w)
+            else:
+                keep.append(w)
+        self._held = keep
+        p = self._probe
+        if p is not None and p.part in gone:
+            if self.scheduler.withdraw_probe() is p:
+                self.scheduler.release(p)
+            self._probe = None
+
+    # ------------------------------------------------------------------ operators
     def apply_orders(self, now_ms: int) -> None:
         """An operator's order from the sidecar, if a new one was written."""
         if self.orders is None:
@@ -189,7 +326,16 @@ class Circuit:
         if cmd is None:
             return
         log.warning("circuit order #%d from %s: %s", cmd.seq, cmd.by, cmd.action.value)
-        self.breaker.force(cmd.action, now_ms, cmd.by)
+        b = self.breaker
+        if cmd.action is CircuitAction.PROBE and b.state is HALF_OPEN:
+            # probe now: a probe not running yet (or none) is chosen again and offered now
+            p = self._probe
+            if p is None or p.stage is not RUNNING:
+                if p is not None and self.scheduler.withdraw_probe() is p:
+                    self._held.append(p)
+                self._probe = None
+        else:
+            b.force(cmd.action, now_ms, cmd.by)
         self.tick(now_ms)
 
     def snapshot(self) -> CircuitSnapshot:

@@ -201,6 +201,8 @@ class Worker:
         if self._exactly_once:
             settler.route_frontier(self.book.parts.values())
         settler.poll()
+        # settling releases lanes (failures decided here): the records behind them may run
+        pool.wake(self.scheduler.runnable)
 
     def _tick(self, started: float) -> None:
         """Everything after consume(): settle, flow control, store, publish, heartbeat."""
@@ -302,7 +304,7 @@ class Worker:
             log.error(
                 "%s: %d routed copies undelivered; their inputs stay uncommitted", why, remaining
             )
-        discarded = sum(lifecycle.release(st) for st in states)
+        discarded = self._discard(states)
         if discarded:
             log.info("%s: %d unfinished records left to the next owner", why, discarded)
         self.book.store(states)
@@ -310,6 +312,18 @@ class Worker:
             # the partitions given up are redone by their next owner; the kept ones here,
             # once the rebalance callback has returned
             self._rewind_due = "transaction aborted during a revoke"
+
+    def _discard(self, states: list[PartitionState]) -> int:
+        """The assignments are over: every unsettled record of theirs is discarded (a result
+        arriving later is dropped), and what waits for them (tails, held records, lanes,
+        strict gates) lets go. Returns how many records were discarded."""
+        discarded = 0
+        for st in states:
+            discarded += self.lifecycle.release(st)
+            self.intake.forget(st)
+        self.circuit.forget(states)
+        self.scheduler.forget(states)
+        return discarded
 
     def _rewind(self, why: str) -> None:
         """Exactly-once: start every owned partition again from its committed offset.
@@ -321,9 +335,7 @@ class Worker:
         states = list(self.book.parts.values())
         if not states:
             return
-        for st in states:
-            self.lifecycle.release(st)
-            self.intake.forget(st)
+        self._discard(states)
         self.book.forget(states)
         parts = [TopicPartition(st.topic, st.partition) for st in states]
         try:
@@ -421,8 +433,7 @@ class Worker:
         states = self.book.states(partitions)
         for st in states:
             st.lost = True
-            self.lifecycle.release(st)
-            self.intake.forget(st)
+        self._discard(states)
         log.warning(
             "lost %s (session timed out); their uncommitted work will be redone", _fmt(partitions)
         )

@@ -94,12 +94,14 @@ class BatchStats(_TopicHistograms):
         "quick_rescued",
         "quick_retries",
         "records",
+        "retried_ok",
         "skipped",
     )
 
     def __init__(self) -> None:
         super().__init__()
         self.answered = 0  # calls settled on their slot (success, drop): the circuit's "ok"
+        self.retried_ok = 0  # of those, records that had failed before (retry evidence)
         self.outcomes: Counter[tuple[str, str]] = Counter()  # (topic, outcome)
         self.dead: Counter[str] = Counter()  # dead-letter reason
         self.skipped: Counter[str] = Counter()  # skip reason
@@ -123,17 +125,19 @@ class SlotStats(_TopicHistograms):
     """Monotonic counters of one handler slot (written only by that slot's thread). The poll
     thread reads them as deltas between snapshots, so neither side ever resets or locks."""
 
-    __slots__ = ("calls", "dropped", "success")
+    __slots__ = ("calls", "dropped", "retried_ok", "success")
 
     def __init__(self) -> None:
         super().__init__()
         self.calls = 0
         self.success: dict[str, int] = {}
         self.dropped: dict[str, int] = {}
+        self.retried_ok = 0  # successes of records that had failed before
 
     def snapshot(self) -> SlotStats:
         s = SlotStats()
         s.calls = self.calls
+        s.retried_ok = self.retried_ok
         s.success = dict(self.success)
         s.dropped = dict(self.dropped)
         s.durations = {t: b.copy() for t, b in list(self.durations.items())}
@@ -142,6 +146,7 @@ class SlotStats(_TopicHistograms):
 
     def merge_delta(self, before: SlotStats | None, into: BatchStats) -> None:
         """Add this snapshot minus ``before`` (an earlier snapshot of the same slot)."""
+        into.retried_ok += self.retried_ok - (before.retried_ok if before else 0)
         for outcome, now, then in (
             ("success", self.success, before.success if before else {}),
             ("dropped", self.dropped, before.dropped if before else {}),

@@ -1,34 +1,70 @@
-"""Ordering: which records may run now, and which must wait for an earlier one.
+"""What may run now: key lanes, the circuit's gate and its probe. The one owner of that
+decision: every record that becomes runnable, and every record that goes back in line (held
+by the circuit breaker, cut off with an abandoned loop, handed back by a hung slot, a failed
+probe), passes through here.
 
-Every record carries its *ordering key* (``lock``): ``(partition state, record key)`` for
-``ordering=key``, the partition state for ``partition``, ``None`` for ``none``. The scheduler
-keeps, per busy key, the last record queued or running (``_tails``). A record whose key is busy
-is *chained* behind that record (``work.next``) instead of being made ready; when a slot
-finishes a record, the record chained behind it becomes ready, behind the keys already waiting
-(keys take turns). So the records of one key never run concurrently and run in offset order,
-while different keys run in parallel, and a chained record is never "ready": a hot key holds
-back only its own records.
+**Lanes.** Every record carries its *ordering key* (``lock``): ``(partition state, record
+key)`` for ``ordering=key``, the partition state for ``partition``, ``None`` for ``none``.
+The scheduler keeps, per busy key, the last record queued or running (``_tails``). A record
+whose key is busy is *chained* behind that record (``work.next``) instead of being made ready;
+when the record ahead *releases its lane*, the one chained behind it becomes ready, behind
+the keys already waiting (keys take turns). So the records of one key never run
+concurrently and start in offset order, while different keys run in parallel, and a chained
+record is never "ready": a hot key holds back only its own records.
+
+A record keeps its lane until its outcome is decided, not merely until its call ends:
+
+- a success (or DROP) settles on its slot, which releases the lane at once (``release_locked``
+  / ``handoff``: the hot path, no hand-off to the poll thread);
+- a failure while the gate is open (the circuit closed) is released by its slot too: it will
+  be routed, like any failure, and the key moves on at handler speed; unless calls have been
+  failing in a row (``FAIL_STREAK``): the start of an outage, whose failures the breaker may
+  want to hold;
+- a failure while the gate is shut keeps the lane until the poll thread decided it: *held* by
+  the circuit breaker (``keep``), the record runs again and its successors keep waiting
+  behind it (``requeue`` puts it back at the front); routed, the key moves on (``release``).
+  A failure whose lane is already gone (the circuit opened after its slot released it) is
+  never held: a later record of its key may have started, so it is routed instead;
+- strict key order (``key_order=strict``) keeps a failure's lane until its writes are done;
+- a record whose assignment was closed or released never runs here: its lane is released so
+  the records chained behind it drain the same way.
+
+Releasing is idempotent (a record releases its successor once; the tail entry is removed only
+by the record it names), so a slot and the poll thread may both look at one record.
+
+**The gate.** The outage circuit breaker shuts it (``set_gate(False)``): ready records stay in
+line, in order, and nothing starts except the one record offered as the *probe*
+(``offer_probe``), which the circuit chose itself (``retryd.worker.circuit``).
 
 Records are their own queue nodes (no run objects per key), and slots take ready records in
 chunks under one lock acquisition, so a record costs a few dictionary and deque operations.
 
-The *gate* (``set_gate``) is how the outage circuit breaker stops calls: ``permits`` None lets
-every ready record start, 0 none (records stay ready, in order), 1 exactly one (the half-open
-probe, remembered in ``probe``).
-
-Thread safety: ``submit`` is called by the poll thread, ``take``/``handoff``/``release_*``/
-``requeue`` by the handler slots; every structure is guarded by ``lock``.
+Thread safety: ``submit`` is called by the poll thread, ``take``/``handoff``/``release_*``
+by the handler slots, ``release``/``requeue``/the gate by the poll thread; every structure is
+guarded by ``lock``.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from typing import TYPE_CHECKING
+
+from retryd.policy.classify import Outcome
+from retryd.worker.lifecycle import DISCARDED, FAILED, QUEUED, SUCCEEDED
 
 if TYPE_CHECKING:
     from retryd.worker.work import Work
+
+_RETRY = Outcome.RETRY
+
+
+# Retryable failures in a row (as slots finish them) past which a failure keeps its lane for the
+# poll thread even while the gate is open: the first calls of an outage. The breaker's window
+# decides within one poll iteration whether to hold them; a fast-failing handler would
+# otherwise run through every fetched record, releasing lanes that a hold then cannot keep.
+FAIL_STREAK = 8
 
 
 class Scheduler:
@@ -42,8 +78,9 @@ class Scheduler:
         self._signal.acquire()
         self._want = False
         self._low = 0
-        self.permits: int | None = None  # the gate: records that may still start; None = all
-        self.probe: Work | None = None  # the last record let through a limited gate
+        self.gate_open = True  # False: the circuit is not closed; only the probe may start
+        self.failing = 0  # retryable failures in a row, as slots finished them
+        self.probe: Work | None = None  # the record offered as the probe, not yet taken
 
     def __len__(self) -> int:
         """Records ready to start (not counting chained ones)."""
@@ -55,22 +92,51 @@ class Scheduler:
 
     @property
     def runnable(self) -> int:
-        """Records a slot may take now: the ready ones, as far as the gate lets them."""
-        permits = self.permits
-        n = len(self.ready)
-        return n if permits is None else min(n, permits)
+        """Records a slot may take now: the ready ones, or the probe while the gate is shut."""
+        if self.gate_open:
+            return len(self.ready)
+        return 1 if self.probe is not None else 0
 
-    def set_gate(self, permits: int | None) -> None:
-        """None: no limit; 0: nothing starts; more: one record more starts (the probe)."""
-        with self.lock:
-            self.permits = permits
-            if permits:
-                self.probe = None
+    def has_work_locked(self) -> bool:
+        """A slot would get a record now (the caller holds ``lock``)."""
+        return bool(self.ready) if self.gate_open else self.probe is not None
 
     @property
     def busy_keys(self) -> int:
         return len(self._tails)
 
+    # ------------------------------------------------------------------ the gate
+    def set_gate(self, open_: bool) -> None:
+        """Open: every ready record may start. Shut: none, except an offered probe."""
+        with self.lock:
+            self.gate_open = open_
+            if open_:
+                probe, self.probe = self.probe, None
+                if probe is not None:
+                    self.ready.appendleft(probe)  # not taken: back at the front of its line
+
+    def offer_probe(self, w: Work) -> None:
+        """Let ``w`` (a lane head that is not in the ready queue) through the shut gate."""
+        with self.lock:
+            self.probe = w
+
+    def withdraw_probe(self) -> Work | None:
+        """The offered probe if no slot took it yet (it goes back to its chooser)."""
+        with self.lock:
+            probe, self.probe = self.probe, None
+            return probe
+
+    def steal(self, accept: Callable[[Work], bool]) -> Work | None:
+        """Take the first ready record ``accept`` likes out of the queue (the circuit picking a
+        probe among records that never ran); None when there is none."""
+        with self.lock:
+            for w in self.ready:
+                if accept(w):
+                    self.ready.remove(w)
+                    return w
+        return None
+
+    # ------------------------------------------------------------------ lanes
     def submit(self, works: Iterable[Work]) -> int:
         """Queue records in offset order (per key); returns how many became ready."""
         made_ready = 0
@@ -93,16 +159,16 @@ class Scheduler:
         return made_ready
 
     def take_locked(self, n: int) -> list[Work]:
-        """Up to ``n`` ready records (as far as the gate lets them); the caller holds
-        ``lock``."""
-        ready = self.ready
-        permits = self.permits
-        if permits is not None:
-            if permits <= 0 or not ready:
+        """Up to ``n`` records that may start now; the caller holds ``lock``."""
+        if not self.gate_open:
+            probe = self.probe
+            if probe is None:
                 return []
-            self.permits = 0
-            self.probe = w = ready.popleft()
-            return [w]
+            self.probe = None
+            return [probe]
+        ready = self.ready
+        if not ready:
+            return []
         if n == 1 or len(ready) == 1:
             out = [ready.popleft()]
         else:
@@ -115,72 +181,118 @@ class Scheduler:
 
     def take(self, n: int = 1) -> list[Work]:
         with self.lock:
-            return self.take_locked(n) if self.ready else []
+            return self.take_locked(n)
+
+    def _release_one(self, w: Work, into: Callable[[Work], None]) -> None:
+        """``w`` leaves its lane: the record chained behind it goes to ``into``. Idempotent.
+        The caller holds ``lock``."""
+        key = w.lock
+        if key is None:
+            return
+        nxt = w.next
+        if nxt is not None:
+            w.next = None  # released once: a record that runs again releases nothing
+            into(nxt)
+        elif self._tails.get(key) is w:
+            del self._tails[key]
+
+    def _settled_here(self, w: Work) -> bool:
+        """Does the slot that ran (or refused) ``w`` release its lane? Yes for a success
+        settled on the slot, a record discarded with its assignment, a queued record its
+        closed assignment will never start, and a failure while the gate is open and calls do
+        not fail in a row (it will be routed); no for a failure while the gate is shut or at
+        the start of what may be an outage (the poll thread decides: held to run again, or
+        routed), for strict order's failures (their writes come first) and for a record that
+        runs again. Keeps the count of failures in a row. The caller holds ``lock``."""
+        stage = w.stage
+        if stage is SUCCEEDED:
+            self.failing = 0
+            return True
+        if stage is FAILED:
+            result = w.result
+            if result is not None and result.outcome is _RETRY:
+                self.failing += 1
+            return self.gate_open and self.failing <= FAIL_STREAK and not w.part.strict
+        if stage is DISCARDED:
+            return True
+        if stage is QUEUED:
+            part = w.part
+            return part.closing and w.offset >= part.run_below  # not PartitionState.may_start
+        return False
 
     def handoff(self, w: Work) -> Work | None:
-        """``w`` finished: the record chained behind it goes to the *back* of the ready queue,
-        and the slot gets the record at the front. Keys take turns: a slot that kept running one
-        key's chain would leave the last wave of long chains on a few slots while the others
-        idle (200 keys of 100 records on 64 slots: 4 waves of 2 s instead of 6.25 s of work)."""
-        key = w.lock
-        ready = self.ready
+        """A slot is done with ``w``: its lane is released if it settled there (the record
+        chained behind it goes to the *back* of the ready queue), and the slot gets the record
+        at the front. Keys take turns: a slot that kept running one key's chain would leave
+        the last wave of long chains on a few slots while the others idle (200 keys of 100
+        records on 64 slots: 4 waves of 2 s instead of 6.25 s of work)."""
         with self.lock:
-            if key is not None:
-                nxt = w.next
-                if nxt is not None:
-                    ready.append(nxt)
-                    w.next = None  # released once: a held record that runs again releases nothing
-                elif self._tails.get(key) is w:
-                    del self._tails[key]
-            if not ready:
-                return None
+            if self._settled_here(w) and w.lock is not None:
+                self._release_one(w, self.ready.append)
             out = self.take_locked(1)
             return out[0] if out else None
 
-    def release_many(self, works: list[Work], into: list[Work]) -> None:
-        """Records finished together (an abandoned slot's), under one lock; successors go to
-        ``into``."""
-        tails = self._tails
-        with self.lock:
-            for w in works:
-                key = w.lock
-                if key is None:
-                    continue
-                nxt = w.next
-                if nxt is not None:
-                    into.append(nxt)
-                    w.next = None
-                elif tails.get(key) is w:
-                    del tails[key]
-
     def release_locked(self, works: list[Work]) -> None:
-        """Records a slot finished together; records chained behind them
-        become ready (any slot may run them: a slot that took several keys must not keep
-        them all to itself). The caller holds ``lock``."""
-        tails = self._tails
+        """Records a slot took together: the lanes of those settled there are released
+        (``settled_here``); records chained behind them become ready (any slot may run them:
+        a slot that took several keys must not keep them all to itself). The caller holds
+        ``lock``."""
         append = self.ready.append
         for w in works:
+            if self._settled_here(w) and w.lock is not None:
+                self._release_one(w, append)
+
+    def release_settled(self, works: list[Work]) -> None:
+        """``release_locked`` under the lock (a slot given up on: what it finished)."""
+        with self.lock:
+            self.release_locked(works)
+
+    def release(self, w: Work) -> None:
+        """The poll thread decided ``w`` (routed, dead-lettered, or discarded): its key moves
+        on."""
+        if w.lock is None:
+            return
+        with self.lock:
+            self._release_one(w, self.ready.append)
+
+    def keep(self, w: Work, hold: Callable[[Work], bool]) -> bool:
+        """Hold failed ``w`` in its lane (``hold``: the life-cycle transition), atomically
+        with the lane check: False, and nothing done, when its lane was already released (a
+        later record of its key may have started: ``w`` must be routed, not run again)."""
+        with self.lock:
             key = w.lock
-            if key is None:
-                continue
-            nxt = w.next
-            if nxt is not None:
-                append(nxt)
-                w.next = None
-            elif tails.get(key) is w:
-                del tails[key]
+            if key is not None and w.next is None and self._tails.get(key) is not w:
+                return False
+            return hold(w)
 
     def requeue(self, works: list[Work]) -> None:
-        """Records a slot held but never started (its thread hung and was abandoned), or
-        failed records the circuit breaker holds: back to the front, in order."""
-        with self.lock:
-            self.ready.extendleft(reversed(works))
+        """Lane heads that go back in line to run again, at the front, in the given order:
+        records a hung slot took but never started, calls cut off with an abandoned loop,
+        failed records the circuit held. Their successors stay chained behind them."""
+        if works:
+            with self.lock:
+                self.ready.extendleft(reversed(works))
 
-    def requeue_last(self, w: Work) -> None:
-        """A record to the *back* of the ready queue: a failed probe, so the next probe is
-        another record (a poison record at the front must not keep an outage's circuit open)."""
+    def forget(self, parts: Iterable[object]) -> None:
+        """Assignments released (every record of theirs discarded): their ready records leave
+        the queue and their lanes are dropped. A record of theirs still running releases
+        nothing that matters when it ends: what it had chained behind it is refused and
+        drains."""
+        gone = set(parts)
+        if not gone:
+            return
         with self.lock:
-            self.ready.append(w)
+            ready = self.ready
+            kept = [w for w in ready if w.part not in gone]
+            if len(kept) != len(ready):
+                ready.clear()  # in place: slots hold a reference to this deque
+                ready.extend(kept)
+            tails = self._tails
+            for key in [k for k, w in tails.items() if w.part in gone]:
+                del tails[key]
+            probe = self.probe
+            if probe is not None and probe.part in gone:
+                self.probe = None
 
     def wait_below(self, low: int, timeout_s: float) -> None:
         """Block until at most ``low`` records are ready (slots took the rest), or the

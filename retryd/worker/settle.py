@@ -51,6 +51,7 @@ from retryd.worker.lifecycle import (
 from retryd.worker.partition import PartitionState
 from retryd.worker.reading import readable_headers
 from retryd.worker.router import Router
+from retryd.worker.scheduler import Scheduler
 from retryd.worker.work import Work
 
 if TYPE_CHECKING:
@@ -87,6 +88,7 @@ class Settler:
         lifecycle: Lifecycle,
         faults: Faults,
         circuit: Circuit,
+        scheduler: Scheduler,
         *,
         exactly_once: bool = False,
         strict: StrictOrder | None = None,
@@ -97,7 +99,9 @@ class Settler:
         self._traced = tracing.enabled
         self.strict = strict  # key_order = strict (retryd.worker.strict)
         self.circuit = circuit
+        self.scheduler = scheduler  # a failure keeps its key's lane until decided here
         self._answered_fed = 0  # stats.answered already told to the circuit
+        self._retried_fed = 0  # stats.retried_ok likewise
         self.book = book
         self.router = router
         self.lifecycle = lifecycle
@@ -113,7 +117,8 @@ class Settler:
         ``limit`` of them, unless the circuit breaker holds it in place; returns how many. The
         calls answered since the last look (collected into ``stats`` first) reach the breaker
         before the failures."""
-        answered = self.stats.answered - self._answered_fed
+        stats = self.stats
+        answered = stats.answered - self._answered_fed
         if not completions and not answered:
             return 0
         if limit is None:
@@ -121,29 +126,34 @@ class Settler:
         now_ms = int(time.time() * 1000)
         circuit = self.circuit
         if answered:
+            retried_ok = stats.retried_ok - self._retried_fed
             self._answered_fed += answered
-            circuit.answered(answered, now_ms)
+            self._retried_fed += retried_ok
+            circuit.answered(answered, now_ms, retried_ok)
         n = 0
         popleft = completions.popleft
         while completions and n < limit:
             w = popleft()
             n += 1
             if w.stage is not FAILED:
-                continue  # discarded: its assignment was released
+                self.scheduler.release(w)  # discarded: the records behind it drain
+                continue
             if self.strict is not None and w.part.strict and w.hold:
                 outcome = w.result.outcome if w.result is not None else None
                 if outcome is Outcome.SUCCESS or outcome is Outcome.DROP:
                     self._strict_success(w)  # its chain entry goes before it settles
+                    self.scheduler.release(w)
                     continue
             route = self._plan(w, now_ms)
             if self._traced:
                 self.tracing.stamp(w.msg, route)
             if circuit.hold(w, now_ms, route.dead_reason):
-                continue  # an outage: the record stays in place and runs again
+                continue  # an outage: the record stays in place (and in its lane), runs again
             if route.is_dead:
                 error_class = w.result.error_class if w.result is not None else None
                 log.info("%s dead-lettered (%s): %s", w.where, route.dead_reason, error_class)
             self.route(w, route)
+            self.scheduler.release(w)  # moved on: the next record of its key may start
         return n
 
     def _plan(self, w: Work, now_ms: int) -> Route:
@@ -393,6 +403,8 @@ class Settler:
         # Answers collected after this iteration's settling reach the circuit breaker with the
         # next one, together with the failures that came before them (never ahead of those).
         rest = self.stats.answered - self._answered_fed
+        rest_retried = self.stats.retried_ok - self._retried_fed
         stats, self.stats = self.stats, BatchStats()
         self._answered_fed = -rest
+        self._retried_fed = -rest_retried
         return stats

@@ -119,6 +119,8 @@ def record_call(
     if stage is SUCCEEDED:
         counts = stats.success if result.outcome is _SUCCESS else stats.dropped
         counts[topic] = counts.get(topic, 0) + 1
+        if w.msg._env is not None or w.attempt > 1:  # it failed before: retry evidence
+            stats.retried_ok += 1
     stats.calls += 1  # last: the collector's "nothing new" check reads it
 
 
@@ -145,13 +147,12 @@ class Collector:
 
 
 def hand_back(scheduler: Scheduler, held: list[Work], index: int) -> None:
-    """An abandoned slot's records: the ones it ran (the hung one included) release their
-    keys, so records chained behind them can run; the ones it never started go back first."""
-    successors: list[Work] = []
-    scheduler.release_many(held[: index + 1], successors)
-    back = held[index + 1 :] + successors
-    if back:
-        scheduler.requeue(back)
+    """A slot given up on (hung thread, abandoned loop): the records it ran release their lanes
+    where they settled (a success, or a record its closed assignment refused; the hung one's
+    outcome is decided by the poll thread); the ones it never started go back in line first,
+    still heads of their lanes."""
+    scheduler.release_settled(held[: index + 1])
+    scheduler.requeue(held[index + 1 :])
 
 
 def timed_out(

@@ -170,8 +170,9 @@ class ThreadPool:
         while True:
             with self._cond:
                 if held:
-                    release(held)  # records chained behind them become ready
-                while not ready or scheduler.permits == 0:  # nothing, or the gate is shut
+                    release(held)  # lanes of the successes: records chained behind them run
+                # nothing ready, or the gate is shut and no probe offered
+                while not (ready if scheduler.gate_open else scheduler.probe is not None):
                     if self._closed:
                         return
                     self._idle += 1
@@ -201,7 +202,7 @@ class ThreadPool:
                             return
                         # else discarded: its assignment was released while it ran
                     elif (
-                        result is success and stage is SUCCEEDED and not w.due
+                        result is success and stage is SUCCEEDED and not w.due and attempt == 1
                     ):  # the common case, inlined
                         topic = w.msg.topic
                         durations = stats.durations.get(topic) or stats.duration(topic)

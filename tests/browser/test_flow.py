@@ -121,8 +121,13 @@ def test_filter_open_dry_run_replay_and_watch(explorer: Explorer, tab: Tab) -> N
     # then watches it finish.
     at_load = re.search(r'id="job-state"[^>]*>([^<]*)<', nav.value.text())
     assert at_load and at_load.group(1).strip() != "done", at_load
+    skips_at_load = re.search(r'id="job-skip-reasons"[^>]*>([^<]*)<', nav.value.text())
+    assert skips_at_load and skips_at_load.group(1) in ("none", "already_replayed 1")
     assert wait_done(page, polls) == 2
     assert polls, "the job page never asked for progress"
+    # the skip reasons row follows the job too (rendered "none" when the job had not reached
+    # the replayed record yet; the script's polls fill it in)
+    assert page.inner_text("#job-skip-reasons").strip() == "already_replayed 1"
     copies = read_topic(explorer.sidecar.deployment.bootstrap, env.other)
     assert sorted(c.key for c in copies) == [b"ord-4403", b"ord-4407", b"ord-4411"]
 

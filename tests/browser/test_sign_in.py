@@ -1,5 +1,5 @@
 """Signing in to the explorer in a real browser: a wrong token, a read-only token, an expired
-session, the session cookie's flags, CSRF, signing out."""
+session, the session cookie's flags, CSRF (of the sign-in too), signing out."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ COOKIE = "retryd_session"
 SECURITY_HEADERS = {
     "content-security-policy": "default-src 'none'",
     "x-content-type-options": "nosniff",
-    "referrer-policy": "no-referrer",
+    "referrer-policy": "same-origin",
     "x-frame-options": "DENY",
     "cache-control": "no-store",
 }
@@ -190,3 +190,27 @@ def test_cross_site_form_cannot_act(explorer: Explorer, open_tab: Any) -> None:
         assert "/ui/login" in page.url, page.url
         assert len(api.get("/v1/replays").json()["jobs"]) == jobs_before
         assert api.get(f"/v1/failed/{partition}/{offset}").json()["replayed"] is None
+
+
+def test_another_site_cannot_sign_the_browser_in(explorer: Explorer, open_tab: Any) -> None:
+    """Login CSRF: a page of another site (``localhost``) posts a sign-in form with the
+    attacker's token to the explorer, with a form token it fetched for itself, in a browser
+    that has the explorer's sign-in page open. Refused (403), and no session cookie is set."""
+    tab: Tab = open_tab(bypass_csp=True)  # the attacker's page sets no policy of its own
+    page = tab.page
+    page.goto(explorer.url + "/login")
+    (form_cookie,) = [c for c in page.context.cookies() if c["name"] == "retryd_login"]
+    assert form_cookie["httpOnly"] is True and form_cookie["sameSite"] == "Strict"
+    assert form_cookie["path"] == "/ui/login"
+    page.goto(f"http://localhost:{explorer.sidecar.port}/ui/login")
+    attackers_csrf = page.get_attribute("form#login input[name=csrf]", "value")
+    assert attackers_csrf
+    response = post_form(
+        page, explorer.url + "/login", {"token": READ_TOKEN, "csrf": attackers_csrf}
+    )
+    assert response.status == 403, response.status
+    assert "another site" in page.inner_text("#login-error")
+    assert session_cookies(page) == []
+    # The browser's own sign-in still works.
+    sign_in(page, explorer.url, READ_TOKEN)
+    assert page.is_visible("section#overview") and len(session_cookies(page)) == 1

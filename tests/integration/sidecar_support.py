@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import ssl
 import subprocess
@@ -170,6 +171,19 @@ class SidecarProcess:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+
+def sign_in(client: httpx.Client, token: str, next: str = "/ui/") -> httpx.Response:
+    """Signs ``client`` (a browser: it keeps cookies, follows no redirect) in to the explorer
+    as a person does: the sign-in form first (its hidden ``csrf`` field and the pre-session
+    cookie that comes with it), then the form posted with the token. Returns the 303."""
+    form = client.get("/ui/login")
+    assert form.status_code == 200, form.text[-2000:]
+    found = re.search(r'name="csrf" value="([^"]+)"', form.text)
+    assert found is not None, "the sign-in form has no csrf field"
+    signed = client.post("/ui/login", data={"token": token, "next": next, "csrf": found[1]})
+    assert signed.status_code == 303, signed.text[-2000:]
+    return signed
 
 
 def seed(

@@ -32,7 +32,7 @@ BIG = 300_000
 SECURITY = {
     "content-security-policy": CSP,
     "x-content-type-options": "nosniff",
-    "referrer-policy": "no-referrer",
+    "referrer-policy": "same-origin",
     "x-frame-options": "DENY",
     "cache-control": "no-store",
 }
@@ -85,9 +85,15 @@ def browser(sidecar: SidecarProcess) -> httpx.Client:
     return httpx.Client(base_url=sidecar.url, timeout=60, follow_redirects=False)
 
 
+def login_csrf(client: httpx.Client) -> str:
+    """The sign-in form's CSRF token; its pre-session cookie stays in the client."""
+    return csrf_of(client.get("/ui/login").text)
+
+
 def sign_in(client: httpx.Client, token: str) -> str:
     """Signs in and returns the session's CSRF token (from the sign-out form)."""
-    r = client.post("/ui/login", data={"token": token, "next": "/ui/jobs"})
+    form = {"token": token, "next": "/ui/jobs", "csrf": login_csrf(client)}
+    r = client.post("/ui/login", data=form)
     assert r.status_code == 303, r.text
     page = client.get("/ui/jobs")
     assert page.status_code == 200
@@ -127,12 +133,18 @@ def test_sign_in_cookie_and_security_headers(sidecar: SidecarProcess) -> None:
         login = c.get("/ui/login")
         assert login.status_code == 200 and 'id="login"' in login.text
         assert_secure(login)
-        wrong = c.post("/ui/login", data={"token": "not-a-valid-token-" * 3})
+        csrf = csrf_of(login.text)
+        wrong = c.post("/ui/login", data={"token": "not-a-valid-token-" * 3, "csrf": csrf})
         assert wrong.status_code == 401
         assert element_text(wrong.text, "login-error") == "Sign-in failed: the token is not valid."
-        ok = c.post("/ui/login", data={"token": REPLAY_TOKEN, "next": "https://evil.example/"})
+        ok = c.post(
+            "/ui/login",
+            data={"token": REPLAY_TOKEN, "next": "https://evil.example/", "csrf": csrf},
+        )
         assert ok.status_code == 303 and ok.headers["location"] == "/ui/"
-        cookie = ok.headers["set-cookie"]
+        (cookie,) = [
+            v for v in ok.headers.get_list("set-cookie") if v.startswith("retryd_session=")
+        ]
         assert cookie.startswith("retryd_session=")
         flags = {part.strip().lower() for part in cookie.split(";")[1:]}
         assert {"httponly", "samesite=strict", "path=/ui"} <= flags

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import struct
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +26,7 @@ from tests.integration.sidecar_support import (
     pretty,
     replay_cli,
     seed,
+    sign_in,
     wait_job,
 )
 from tests.support import create_topics, read_topic, unique, wait_for
@@ -340,8 +342,7 @@ def test_explorer_and_backlog_show_the_foreign_topics(
 ) -> None:
     """The explorer reads them through the same mapping; the backlog has a series each."""
     with httpx.Client(base_url=sidecar.url, timeout=60, follow_redirects=False) as ui:
-        signed = ui.post("/ui/login", data={"token": TOKEN, "next": "/ui/"})
-        assert signed.status_code == 303, signed.text
+        sign_in(ui, TOKEN)
         overview = ui.get("/ui/")
         assert overview.status_code == 200
         assert all(topic in overview.text for topic in world.topics.values())
@@ -364,3 +365,60 @@ def test_explorer_and_backlog_show_the_foreign_topics(
     found = wait_for(backlog, 30, 0.2, "a backlog series per foreign topic")
     assert all(found[t] == 4 for t in world.topics.values()), found
     assert found[world.mixed] == 3
+
+
+NOT_UTF8 = b"caf\xe9 \xff\xfe"  # Latin-1 and stray bytes: no UTF-8 decoder reads them
+UNREADABLE = ("kafka_dlt-exception-fqcn", "kafka_dlt-exception-message")
+
+
+def test_text_that_is_not_utf8_is_null_in_the_api_and_on_the_pages(
+    bootstrap: str, tmp_path: Path
+) -> None:
+    """Issue 23 item 14, as README and the spec say: a Spring dead letter whose exception
+    class and message are not UTF-8 shows both fields null in /v1 (list and one record), with
+    each header named in mapping_problems; the explorer's pages show no U+FFFD for them (the
+    raw header rows show the bytes as hex). Its own deployment and sidecar."""
+    env = Env(bootstrap, tmp_path / "state")
+    topic = f"{env.group}.spring.dlt"
+    env.extra = {"RETRYD_FOREIGN_DEAD_LETTERS": json.dumps({topic: "spring"})}
+    env.create()
+    create_topics(bootstrap, [topic], 1)
+    headers = [(n, NOT_UTF8 if n in UNREADABLE else v) for n, v in spring(env.main, 1, 0)]
+    seed(bootstrap, topic, [(b"k", b"v", headers)])
+    replacement = ("\ufffd", "\\ufffd")  # as a character, or as JSON's escape of it
+    with SidecarProcess(env, tmp_path / "sidecar.log") as sidecar:
+        with sidecar.client() as c:
+            listed = c.get("/v1/failed", params={"topic": topic})
+            one = c.get("/v1/failed/0/0", params={"topic": topic})
+            for r in (listed, one):
+                assert r.status_code == 200, r.text
+                assert not any(x in r.text for x in replacement), r.text
+            (item,) = listed.json()["items"]
+            for rec in (item, one.json()):
+                fields = rec["retryd"]
+                assert fields["retryd_error_class"] is None, pretty(rec)
+                assert fields["retryd_error_message"] is None, pretty(rec)
+                assert fields["retryd_original_topic"] == env.main  # the rest is read
+                assert fields["retryd_group"] == "spring-app"
+                for name in UNREADABLE:
+                    assert [p for p in rec["mapping_problems"] if name in p], pretty(rec)
+        with httpx.Client(base_url=sidecar.url, timeout=60, follow_redirects=False) as ui:
+            sign_in(ui, TOKEN)
+            pages = [
+                ui.get("/ui/dead-letters", params={"topic": topic}),
+                ui.get("/ui/dead-letters/0/0", params={"topic": topic}),
+            ]
+            for page in pages:
+                assert page.status_code == 200, page.text[-2000:]
+                assert not any(x in page.text for x in replacement), page.text[-4000:]
+            assert NOT_UTF8.hex(" ") in pages[1].text  # the bytes as sent, in hex
+            assert "spring-app" in pages[1].text
+            # the record page says what it could not read: a "Not read" row per problem
+            not_read = re.findall(
+                r'<tr class="mapping-problem"><th scope="row">Not read</th>'
+                r'<td class="wrap">([^<]*)</td>',
+                pages[1].text,
+            )
+            assert len(not_read) == len(one.json()["mapping_problems"]), not_read
+            for name in UNREADABLE:
+                assert [p for p in not_read if name in p and "not valid UTF-8" in p], not_read

@@ -36,17 +36,17 @@ from tests.integration.sidecar_support import (
     seed,
     wait_job,
 )
-from tests.support import create_topics, read_topic
+from tests.support import create_topics, read_topic, wait_for
 
 READ = "grafana-read-token-0123456789abcdef-xyz"
 OPS = "ops-replay-token-from-a-file-0123456789"
-CEILING = 100  # replay_max_per_second of the module's sidecar
-BULK = 200  # records in each half of the bulk set
+CEILING = 100  # replay_max_per_second of every sidecar here
+BULK = 200  # records in each half of the bulk set (of the rate ceiling's own deployment)
 
 
-@pytest.fixture(scope="module")
-def deployment(bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Env:
-    base = tmp_path_factory.mktemp("sidecar-security")
+def security_env(bootstrap: str, base: Path) -> Env:
+    """A deployment with the three tokens (legacy, read, ops from a file), the rate ceiling and
+    an allow-list naming everything a careless one could; its topics created."""
     tokens_file = base / "tokens"
     tokens_file.write_text(f"# mounted from a Secret\nops:replay:{OPS}\n")
     env = Env(bootstrap, base / "state")
@@ -60,16 +60,17 @@ def deployment(bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Env:
             [env.main, env.other, env.failed, env.ledger, tier, "__consumer_offsets"]
         ),
     }
-    env.create(failed_partitions=1)
+    return env.create(failed_partitions=1)
+
+
+@pytest.fixture(scope="module")
+def deployment(bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Env:
+    """Shared by the tests that each touch their own records of it (0-1, 2 and 4)."""
+    env = security_env(bootstrap, tmp_path_factory.mktemp("sidecar-security"))
     records = [(f"k{i}".encode(), f"v{i}".encode(), failed_headers(env.main)) for i in range(4)]
     # A hostile record that names failed_topic itself as its original topic.
     records.append((b"loop", b"v", failed_headers(env.failed)))
     seed(bootstrap, env.failed, records)
-    bulk = [
-        (f"b{i}".encode(), b"v", failed_headers(env.other, error_class=f"Bulk{i % 2}"))
-        for i in range(2 * BULK)
-    ]
-    seed(bootstrap, env.failed, bulk)
     return env
 
 
@@ -149,37 +150,58 @@ def test_reserved_topics_are_never_targets(sidecar: SidecarProcess, deployment: 
     assert all(r.header("retryd_replay_id") is None for r in failed), "a copy in failed_topic"
 
 
-def test_rate_ceiling_across_jobs_and_audit_lines(sidecar: SidecarProcess, deployment: Env) -> None:
-    started = time.monotonic()
-    with sidecar.client(OPS) as ops:
-        ids = [
-            ops.post(
-                "/v1/replays",
-                json={"filter": {"error_class": f"Bulk{half}"}, "max_per_second": 5000},
-            ).json()["id"]
-            for half in (0, 1)
-        ]
-        jobs = [wait_job(ops, job_id, timeout=60) for job_id in ids]
-    took = time.monotonic() - started
-    for job in jobs:
-        assert job["state"] == "completed" and job["replayed"] == BULK, pretty(job)
-        assert job["requested_by"] == "ops"
-    # 2 x BULK replays under one ceiling of CEILING/s (each job alone would allow 5000/s).
-    assert took >= 2 * BULK / CEILING * 0.9, took
-    print(f"two jobs, {2 * BULK} replays at a {CEILING}/s ceiling: {took:.2f}s")
-    assert len(read_topic(deployment.bootstrap, deployment.other, expect=2 * BULK)) == 2 * BULK
+def test_rate_ceiling_across_jobs_and_audit_lines(bootstrap: str, tmp_path: Path) -> None:
+    """Its own deployment, sidecar and log: every audit line it checks comes from what it
+    did (two single replays, two jobs), whichever tests ran before it."""
+    env = security_env(bootstrap, tmp_path)
+    singles = [(b"one", b"v", failed_headers(env.main)), (b"two", b"v", failed_headers(env.main))]
+    bulk = [
+        (f"b{i}".encode(), b"v", failed_headers(env.other, error_class=f"Bulk{i % 2}"))
+        for i in range(2 * BULK)
+    ]
+    seed(bootstrap, env.failed, [*singles, *bulk])
+    with SidecarProcess(env, tmp_path / "sidecar.log") as sidecar:
+        with sidecar.client(OPS) as ops, sidecar.client(TOKEN) as legacy:
+            assert ops.post("/v1/failed/0/0/replay").status_code == 200
+            assert legacy.post("/v1/failed/0/1/replay").status_code == 200
+            started = time.monotonic()
+            ids = [
+                ops.post(
+                    "/v1/replays",
+                    json={"filter": {"error_class": f"Bulk{half}"}, "max_per_second": 5000},
+                ).json()["id"]
+                for half in (0, 1)
+            ]
+            jobs = [wait_job(ops, job_id, timeout=60) for job_id in ids]
+            took = time.monotonic() - started
+        for job in jobs:
+            assert job["state"] == "completed" and job["replayed"] == BULK, pretty(job)
+            assert job["requested_by"] == "ops"
+        # 2 x BULK replays under one ceiling of CEILING/s (each job alone would allow 5000/s).
+        assert took >= 2 * BULK / CEILING * 0.9, took
+        print(f"two jobs, {2 * BULK} replays at a {CEILING}/s ceiling: {took:.2f}s")
+        assert len(read_topic(env.bootstrap, env.other, expect=2 * BULK)) == 2 * BULK
 
-    log = sidecar.log_path.read_text()
+        def audit_lines() -> list[str] | None:
+            lines = [x for x in sidecar.log_path.read_text().splitlines() if " retryd.audit: " in x]
+            finished = any(f"job_finished actor=ops job={ids[1]}" in x for x in lines)
+            return lines if finished else None
+
+        audit = wait_for(audit_lines, 30, 0.1, "the second job's job_finished audit line")
+        log = sidecar.log_path.read_text()
     for secret in (READ, OPS, TOKEN):
         assert secret not in log
-    audit = [line for line in log.splitlines() if " retryd.audit: " in line]
     per_record = [line for line in audit if " replay actor=ops " in line and "job=job-" in line]
     assert len(per_record) == 2 * BULK, len(per_record)
     assert any(f"job_created actor=ops job={ids[0]}" in line for line in audit), audit[:5]
-    assert any(f"job_finished actor=ops job={ids[1]}" in line for line in audit)
     single = [line for line in audit if " replay " in line and "job=-" in line]
-    assert any(f"record={deployment.failed}/0/0 target={deployment.main}/" in x for x in single)
-    assert any("actor=sha256:" in line for line in single), single
+    assert len(single) == 2, single
+    assert any(
+        f"actor=ops record={env.failed}/0/0 target={env.main}/" in line for line in single
+    ), single
+    assert any(
+        "actor=sha256:" in line and f"record={env.failed}/0/1 " in line for line in single
+    ), single
 
 
 def _sidecar_start_fails(env: Env, tmp_path: Path) -> subprocess.CompletedProcess[str]:

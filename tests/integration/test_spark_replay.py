@@ -139,3 +139,36 @@ def test_dry_run_limits_and_bad_input(spark, world: dict) -> None:  # noqa: F811
         spark_replay(spark, world, where="no_such_column = 1")
     with pytest.raises(InvalidTarget, match="target_not_allowed"):
         spark_replay(spark, world, target=world["failed"])
+
+
+def test_a_record_too_large_for_its_target_is_skipped(spark, bootstrap: str) -> None:  # noqa: F811
+    """Issue 23: a 200 KB dead letter among small ones, for a topic that takes 100 KB. The
+    Spark replay skips it with reason too_large (no ledger entry) and replays the others."""
+    prefix = unique("rpl-big")
+    orders, failed, ledger_topic = f"{prefix}.orders", f"{prefix}.failed", f"{prefix}.ledger"
+    create_topics(bootstrap, [orders], 1, {"max.message.bytes": "100000"})
+    create_topics(bootstrap, [failed], 1)
+    records = [(b"s%d" % i, b"small-%d" % i, dead_letter(orders, i)) for i in range(12)]
+    records.insert(5, (b"big", b"B" * 200_000, dead_letter(orders, 99)))
+    produce(bootstrap, failed, records)
+    common = {"bootstrap.servers": bootstrap}
+    spec = ReplaySpec(
+        kafka_conf=common,
+        failed_topic=failed,
+        ledger_topic=ledger_topic,
+        allowlist=(orders,),
+        max_per_second=1000.0,
+    )
+    with JobProgress(spark, Console(file=io.StringIO())) as progress:
+        result = run_replay(spark, spec, progress)
+    assert (result.matched, result.to_replay, result.replayed, result.failed) == (13, 13, 12, 0)
+    assert result.skipped == {"too_large": 1}, result
+    assert result.errors == [], result.errors
+    copies = read_topic(bootstrap, orders)  # every copy was acknowledged: read to the end
+    assert sorted(c.value or b"" for c in copies) == sorted(b"small-%d" % i for i in range(12))
+    ledger = ReplayLedger(common, ledger_topic)
+    try:
+        ledger.refresh()
+        assert len(ledger) == 12 and not ledger.is_replayed(f"{failed}/0/5")
+    finally:
+        ledger.close()

@@ -8,6 +8,7 @@ and a real worker: tests/integration/test_circuit_operator.py."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -33,6 +34,7 @@ from retryd.policy.circuit import (
     CircuitAction,
     CircuitSnapshot,
 )
+from retryd.runtime import circuit_control
 from retryd.runtime.circuit_control import CommandReader, command_path, read_command
 from retryd.runtime.heartbeat import Heartbeat, heartbeat_path
 from retryd.runtime.paths import heartbeat_dir
@@ -262,6 +264,24 @@ def test_unwritable_state_dir_is_503_and_says_so(client: TestClient, settings: S
     assert "could not be written" in r.json()["detail"]
 
 
+def test_an_order_file_locked_too_long_is_503_and_says_so(
+    client: TestClient, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer stuck while holding the lock (here: this test, holding a real flock) does not
+    hang the sidecar's orders: after ``LOCK_WAIT_S`` the order is refused with the reason."""
+    monkeypatch.setattr(circuit_control, "LOCK_WAIT_S", 0.3)
+    lock = circuit_control.lock_path(command_path(settings.state_dir, GROUP))
+    lock.parent.mkdir(parents=True)
+    with open(lock, "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        r = client.post("/v1/circuit", json={"action": "open"}, headers=auth(CIRCUIT_TOKEN))
+    assert r.status_code == 503, r.text
+    assert r.json()["error"] == "state_dir_unwritable"
+    assert "locked" in r.json()["detail"]
+    r = client.post("/v1/circuit", json={"action": "open"}, headers=auth(CIRCUIT_TOKEN))
+    assert r.status_code == 202 and r.json()["seq"] == 1  # released: the next one is written
+
+
 # --- GET /v1/circuit ----------------------------------------------------------------------------
 
 
@@ -313,6 +333,36 @@ def test_garbled_circuit_in_a_heartbeat_is_shown_as_unknown(
     (proc,) = body["processes"]
     assert proc["state"] is None and proc["held"] == 0 and proc["transitions"] == {}
     assert body["state"] is None
+
+
+HOSTILE_ORDER_FILES = {
+    "seq 1e999": b'{"seq": 1e999, "action": "open", "by": "x", "at_ms": 1, "group": "%s"}'
+    % GROUP.encode(),
+    "deep nesting": b"[" * 2000 + b"]" * 2000,
+    "a megabyte": b" " * (1 << 20),
+    "by a lone surrogate": b'{"seq": 3, "action": "open", "by": "\\ud800", "at_ms": %d, '
+    b'"group": "%s"}' % (int(time.time() * 1000), GROUP.encode()),
+    "binary": bytes(range(256)),
+}
+
+
+@pytest.mark.parametrize("name", list(HOSTILE_ORDER_FILES))
+def test_a_hostile_order_file_is_no_last_order_and_the_next_order_is_written(
+    client: TestClient, settings: Settings, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = command_path(settings.state_dir, GROUP)
+    path.parent.mkdir(parents=True)
+    path.write_bytes(HOSTILE_ORDER_FILES[name])
+    caplog.set_level(logging.WARNING, "retryd.runtime.circuit_control")
+    for _ in range(3):
+        r = client.get("/v1/circuit", headers=auth(READ_TOKEN))
+        assert r.status_code == 200, r.text
+        assert r.json()["last_order"] is None
+    refused = [rec for rec in caplog.records if rec.name == "retryd.runtime.circuit_control"]
+    assert len(refused) == 1  # logged once, not at every GET
+    r = client.post("/v1/circuit", json={"action": "close"}, headers=auth(CIRCUIT_TOKEN))
+    assert r.status_code == 202, r.text
+    assert client.get("/v1/circuit", headers=auth(READ_TOKEN)).json()["last_order"] == r.json()
 
 
 # --- /readyz details ----------------------------------------------------------------------------

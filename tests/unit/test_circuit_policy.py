@@ -21,6 +21,13 @@ def _fail(b: Breaker, now: int, keys: range | list[int], error: str = "http_503"
         b.observe(now, 0, [(k, f"{error} at t[0]@{k}")])
 
 
+def _outage(b: Breaker, now: int, keys: range | list[int]) -> None:
+    """First attempts fail across keys, and the confirming retry of a failed record fails."""
+    _fail(b, now, keys)
+    assert b.state is HALF and b.confirming
+    b.probe_failed(now, "http_503 at t[0]@0")
+
+
 def test_defaults_are_the_documented_ones() -> None:
     p = BreakerPolicy()
     assert (p.window_calls, p.window_s, p.failure_ratio, p.min_failures, p.min_keys) == (
@@ -34,15 +41,58 @@ def test_defaults_are_the_documented_ones() -> None:
     assert STATE_VALUE == {CLOSED: 0, HALF: 1, OPEN: 2}
 
 
-def test_an_outage_across_keys_opens_it_at_the_twentieth_failure() -> None:
+def test_an_outage_across_keys_confirms_at_the_twentieth_failure_then_opens() -> None:
     b = Breaker(BreakerPolicy(), 0)
     _fail(b, 1000, range(19))
     assert b.state is CLOSED
     _fail(b, 1000, [19])
-    assert b.state is OPEN
-    assert "20 of the last 20 calls failed, from 20 keys" in b.reason
+    # no retry evidence yet: one failed record runs again before anything is held for long
+    assert b.state is HALF and b.confirming
+    assert "confirming: 20 of the last 20 calls failed, from 20 keys" in b.reason
     assert b.last_error == "http_503 at t[0]@19"
-    assert b.snapshot().transitions == {"open": 1}
+    b.probe_failed(1001, "http_503 at t[0]@3")
+    assert b.state is OPEN and not b.confirming
+    assert "20 of the last 20 calls failed" in b.reason and "the probe failed" in b.reason
+    assert b.snapshot().transitions == {"half_open": 1, "open": 1}
+
+
+def test_a_confirming_retry_that_succeeds_closes_and_spares_the_next_trip() -> None:
+    """Records that fail once and succeed when retried are not an outage."""
+    b = Breaker(BreakerPolicy(), 0)
+    _fail(b, 0, range(20))
+    assert b.state is HALF
+    b.retried(10, 1, 0)  # the failed record, run again, succeeded
+    b.probe_answered(10)
+    assert b.state is CLOSED
+    _fail(b, 20, range(20, 60))  # first attempts keep failing
+    assert b.state is CLOSED and b.spared >= 1
+
+
+def test_retries_that_succeed_keep_the_window_from_opening_it() -> None:
+    b = Breaker(BreakerPolicy(), 0)
+    b.retried(0, 30, 10)  # tier records: mostly answered
+    _fail(b, 1000, range(100))
+    assert b.state is CLOSED and b.spared > 0
+
+
+def test_retries_that_fail_or_stale_evidence_confirm() -> None:
+    b = Breaker(BreakerPolicy(), 0)
+    b.retried(0, 1, 5)  # retries mostly fail too
+    _fail(b, 1000, range(20))
+    assert b.state is HALF
+    b = Breaker(BreakerPolicy(evidence_s=10), 0)
+    b.retried(0, 10, 0)  # they succeeded, but 20 s ago
+    _fail(b, 20_000, range(20))
+    assert b.state is HALF
+
+
+def test_a_probe_without_an_answer_counts_as_failed() -> None:
+    b = Breaker(BreakerPolicy(), 0, draw=lambda: 0.5)
+    _outage(b, 0, range(20))
+    assert b.probe_due(5000)
+    b.probe_lost(5000, "t[0]@7", 3.0)
+    assert b.state is OPEN and b.next_probe_ms == 15_000  # the interval grew
+    assert b.last_error is not None and "no answer from the probe t[0]@7 within 3s" in b.last_error
 
 
 def test_one_poison_key_never_opens_it() -> None:
@@ -58,7 +108,7 @@ def test_four_keys_failing_are_not_an_outage_five_are() -> None:
     _fail(b, 0, [k % 4 for k in range(60)])
     assert b.state is CLOSED
     _fail(b, 0, [4])
-    assert b.state is OPEN
+    assert b.state is HALF
 
 
 def test_failures_under_the_ratio_do_not_open_it() -> None:
@@ -89,7 +139,7 @@ def test_a_partial_answers_entry_is_trimmed_to_the_window() -> None:
 def test_probes_grow_exponentially_with_jitter_up_to_the_cap() -> None:
     draws = iter([0.5] * 10)  # 0.5: no jitter
     b = Breaker(BreakerPolicy(probe_initial_s=5, probe_max_s=30), 0, draw=lambda: next(draws))
-    _fail(b, 0, range(20))
+    _outage(b, 0, range(20))
     waits = []
     now = 0
     for _ in range(4):
@@ -101,26 +151,26 @@ def test_probes_grow_exponentially_with_jitter_up_to_the_cap() -> None:
         b.probe_failed(now, "http_503 at t[0]@1")
         assert b.state is OPEN
     assert waits == [5000, 10_000, 20_000, 30_000]
-    assert b.probes == 4
+    assert b.probes == 5  # the confirming one and four
 
 
 def test_jitter_spreads_a_probe_within_twenty_percent() -> None:
     for draw, expected in ((0.0, 4000), (1.0, 6000)):
         b = Breaker(BreakerPolicy(), 0, draw=lambda d=draw: d)
-        _fail(b, 0, range(20))
+        _outage(b, 0, range(20))
         assert b.next_probe_ms == expected
 
 
 def test_an_answer_while_half_open_closes_and_resets() -> None:
     b = Breaker(BreakerPolicy(), 0, draw=lambda: 0.5)
-    _fail(b, 0, range(20))
+    _outage(b, 0, range(20))
     assert b.probe_due(5000)
     b.probe_failed(5000, "x")
     assert b.probe_due(15_000)
     b.probe_answered(15_100)
     assert b.state is CLOSED and b.window.calls == 0
     assert b.reason == "a call was answered"
-    _fail(b, 20_000, range(20))  # a new outage starts from the first interval again
+    _outage(b, 20_000, range(20))  # a new outage starts from the first interval again
     assert b.next_probe_ms == 25_000
 
 

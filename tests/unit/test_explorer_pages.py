@@ -9,6 +9,7 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 
@@ -46,8 +47,19 @@ def client(tmp_path: Path) -> Iterator[TestClient]:
     yield TestClient(create_app(settings_for(tmp_path)), follow_redirects=False)
 
 
+def login_csrf(client: TestClient) -> str:
+    """The sign-in form's CSRF token (its pre-session cookie stays in the client)."""
+    found = re.search(r'name="csrf" value="([^"]+)"', client.get("/ui/login").text)
+    assert found is not None
+    return found.group(1)
+
+
+def post_login(client: TestClient, token: str, **extra: str) -> httpx.Response:
+    return client.post("/ui/login", data={"token": token, "csrf": login_csrf(client), **extra})
+
+
 def sign_in(client: TestClient, token: str) -> str:
-    r = client.post("/ui/login", data={"token": token, "next": "/ui/jobs"})
+    r = post_login(client, token, next="/ui/jobs")
     assert r.status_code == 303 and r.headers["location"] == "/ui/jobs"
     page = client.get("/ui/jobs")
     found = re.search(r'name="csrf" value="([^"]+)"', page.text)
@@ -65,6 +77,7 @@ def test_every_ui_answer_has_the_security_headers(client: TestClient) -> None:
     for path in ("/ui/login", "/ui/", "/ui/jobs", "/ui/nowhere", "/ui/static/explorer.css"):
         assert_headers(client.get(path))
     assert_headers(client.post("/ui/login", data={"token": "x"}))
+    assert_headers(post_login(client, "x"))
     assert "content-security-policy" not in client.get("/healthz").headers
 
 
@@ -92,18 +105,23 @@ def test_pages_need_a_session_and_say_where_to_come_back(client: TestClient) -> 
 def test_sign_in_sets_a_strict_http_only_cookie_and_never_echoes_the_token(
     client: TestClient,
 ) -> None:
-    r = client.post("/ui/login", data={"token": REPLAY_TOKEN})
+    r = post_login(client, REPLAY_TOKEN)
     assert r.status_code == 303 and r.headers["location"] == "/ui/"
-    cookie = r.headers["set-cookie"]
-    assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Path=/ui" in cookie
+    cookies = r.headers.get_list("set-cookie")
+    (cookie,) = [c for c in cookies if c.startswith("retryd_session=")]
+    assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Path=/ui;" in cookie
     assert "Secure" not in cookie
+    # The sign-in form's cookie is dropped once signed in.
+    (form_cookie,) = [c for c in cookies if c.startswith("retryd_login=")]
+    assert "Max-Age=0" in form_cookie and "Path=/ui/login" in form_cookie
     page = client.get("/ui/jobs")
     assert page.status_code == 200 and 'id="nav"' in page.text
     assert "operator (replay)" in page.text and REPLAY_TOKEN not in page.text
-    wrong = client.post("/ui/login", data={"token": READ_TOKEN[:-1] + "x"})
+    other = TestClient(client.app, follow_redirects=False)  # a browser without the session
+    wrong = post_login(other, READ_TOKEN[:-1] + "x")
     assert wrong.status_code == 401 and READ_TOKEN[:-1] not in wrong.text
     assert "Sign-in failed: the token is not valid." in wrong.text
-    assert "set-cookie" not in wrong.headers
+    assert "retryd_session" not in wrong.headers.get("set-cookie", "")
 
 
 def test_secure_cookie_when_the_sidecar_serves_tls(tmp_path: Path) -> None:
@@ -111,8 +129,11 @@ def test_secure_cookie_when_the_sidecar_serves_tls(tmp_path: Path) -> None:
     cert.write_text("x")
     key.write_text("x")
     app = create_app(settings_for(tmp_path, sidecar_tls_cert_file=cert, sidecar_tls_key_file=key))
-    r = TestClient(app, follow_redirects=False).post("/ui/login", data={"token": READ_TOKEN})
-    assert "Secure" in r.headers["set-cookie"]
+    c = TestClient(app, base_url="https://testserver", follow_redirects=False)
+    form = c.get("/ui/login")
+    assert "Secure" in form.headers["set-cookie"]  # the sign-in form's cookie too
+    r = post_login(c, READ_TOKEN)
+    assert all("Secure" in v for v in r.headers.get_list("set-cookie"))
 
 
 def test_sign_out_needs_csrf_and_ends_the_session(client: TestClient) -> None:
@@ -151,11 +172,33 @@ def test_csrf_and_origin_are_checked_before_anything_else(client: TestClient) ->
     assert other.status_code == 400 and "not a dead-letter topic" in other.text
 
 
-def test_failed_sign_ins_are_throttled(client: TestClient) -> None:
+def test_failed_sign_ins_are_throttled_but_a_valid_token_still_signs_in(
+    client: TestClient,
+) -> None:
     for _ in range(10):
-        assert client.post("/ui/login", data={"token": "y" * 40}).status_code == 401
-    r = client.post("/ui/login", data={"token": REPLAY_TOKEN})
-    assert r.status_code == 429 and "Too many failed sign-ins" in r.text
+        assert post_login(client, "y" * 40).status_code == 401
+    r = post_login(client, "y" * 40)
+    assert r.status_code == 429 and "too many sign-ins have failed" in r.text
+    assert 1 <= int(r.headers["retry-after"]) <= 60
+    assert post_login(client, REPLAY_TOKEN).status_code == 303
+    assert post_login(client, "y" * 40).status_code == 429
+
+
+def test_sign_in_needs_the_forms_csrf_token_and_this_origin(client: TestClient) -> None:
+    csrf = login_csrf(client)
+    for data, headers in (
+        ({"token": REPLAY_TOKEN}, {}),
+        ({"token": REPLAY_TOKEN, "csrf": csrf + "x"}, {}),
+        ({"token": REPLAY_TOKEN, "csrf": csrf}, {"Origin": "null"}),
+        ({"token": REPLAY_TOKEN, "csrf": csrf}, {"Origin": "http://evil.example"}),
+        ({"token": REPLAY_TOKEN, "csrf": csrf}, {"Sec-Fetch-Site": "cross-site"}),
+    ):
+        r = client.post("/ui/login", data=data, headers=headers)
+        assert r.status_code == 403 and 'id="login-error"' in r.text, (data, headers)
+        assert "retryd_session" not in r.headers.get("set-cookie", "")
+    same = {"Origin": "http://testserver", "Sec-Fetch-Site": "same-origin"}
+    r = client.post("/ui/login", data={"token": REPLAY_TOKEN, "csrf": csrf}, headers=same)
+    assert r.status_code == 303
 
 
 def test_without_tokens_the_explorer_is_disabled(tmp_path: Path) -> None:
@@ -163,6 +206,7 @@ def test_without_tokens_the_explorer_is_disabled(tmp_path: Path) -> None:
     c = TestClient(app, follow_redirects=False)
     assert c.get("/ui/login").status_code == 503
     assert c.post("/ui/login", data={"token": REPLAY_TOKEN}).status_code == 503
+    assert "retryd_login" not in c.get("/ui/login").headers.get("set-cookie", "")
 
 
 def test_jobs_pages_and_progress(client: TestClient) -> None:

@@ -1,11 +1,12 @@
-"""The explorer's headers, same-origin check, sign-in redirect targets and filters (pure)."""
+"""The explorer's headers, same-origin check, the sign-in form's CSRF token, sign-in redirect
+targets and filters (pure)."""
 
 from __future__ import annotations
 
 import pytest
 
 from retryd.explorer.filters import FilterProblem, UiFilter, instant, read_records
-from retryd.explorer.security import CSP, SECURITY_HEADERS, safe_next, same_origin
+from retryd.explorer.security import CSP, SECURITY_HEADERS, LoginForms, safe_next, same_origin
 
 NOW = 1_700_000_000_000
 HOST = {"host": "retryd.example:8080"}
@@ -22,16 +23,19 @@ def test_the_policy_allows_only_our_own_script_and_style() -> None:
     ("headers", "ok"),
     [
         ({}, True),  # curl: the CSRF token still decides
-        ({"origin": "null"}, True),  # every form POST of a no-referrer page
+        ({"origin": "null"}, False),  # a sandboxed frame, a data: page
         ({"origin": "http://retryd.example:8080"}, True),
         ({"origin": "HTTP://RETRYD.EXAMPLE:8080"}, True),
         ({"origin": "https://retryd.example:8080"}, False),  # other scheme
         ({"origin": "http://evil.example"}, False),
         ({"origin": "http://retryd.example:8080.evil.example"}, False),
         ({"origin": "http://retryd.example:8080/path"}, False),
-        ({"sec-fetch-site": "same-origin", "origin": "null"}, True),
+        ({"sec-fetch-site": "same-origin", "origin": "http://retryd.example:8080"}, True),
+        ({"sec-fetch-site": "same-origin", "origin": "null"}, False),  # both are checked
+        ({"sec-fetch-site": "same-origin", "origin": "http://evil.example"}, False),
         ({"sec-fetch-site": "none"}, True),
         ({"sec-fetch-site": "cross-site", "origin": "http://retryd.example:8080"}, False),
+        ({"sec-fetch-site": "cross-site"}, False),
         ({"sec-fetch-site": "same-site"}, False),
     ],
 )
@@ -41,6 +45,62 @@ def test_same_origin(headers: dict[str, str], ok: bool) -> None:
 
 def test_an_origin_without_a_host_is_refused() -> None:
     assert not same_origin({"origin": "http://a"}, "http")
+
+
+def test_our_pages_make_browsers_send_their_real_origin() -> None:
+    """With ``no-referrer`` a browser sends ``Origin: null`` on our own form POSTs."""
+    assert SECURITY_HEADERS["Referrer-Policy"] == "same-origin"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 5000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_sign_in_forms_token_is_bound_to_the_browsers_cookie() -> None:
+    clock = Clock()
+    forms = LoginForms(max_age_s=600, clock=clock)
+    cookie, token = forms.issue(None)
+    assert forms.check(cookie, token)
+    assert forms.issue(cookie) == (cookie, token)  # a second tab shares the pair
+    other_cookie, other_token = forms.issue(None)  # what an attacker fetches for itself
+    assert other_cookie != cookie and other_token != token
+    assert not forms.check(cookie, other_token)  # the attacker's field, the victim's cookie
+    assert not forms.check(None, token) and not forms.check(cookie, None)
+    assert not forms.check(cookie, "") and not forms.check(cookie, token[:-1])
+    assert not forms.check(cookie + "x", token)
+    # Another process (another key) never accepts it.
+    assert not LoginForms(clock=clock).check(cookie, token)
+
+
+def test_a_sign_in_form_expires_and_is_renewed_after_half_its_life() -> None:
+    clock = Clock()
+    forms = LoginForms(max_age_s=600, clock=clock)
+    cookie, token = forms.issue(None)
+    clock.now += 299
+    assert forms.issue(cookie)[0] == cookie
+    clock.now += 2
+    renewed, renewed_token = forms.issue(cookie)
+    assert renewed != cookie and forms.check(renewed, renewed_token)
+    assert forms.check(cookie, token)  # the first pair is still good...
+    clock.now += 300
+    assert not forms.check(cookie, token)  # ...for max_age_s
+    clock.now -= 10_000
+    assert not forms.check(renewed, renewed_token)  # issued "in the future": not ours
+
+
+@pytest.mark.parametrize(
+    "cookie",
+    ["", "x" * 200, "nodot", "abc.def", "\u00b2.x" + "a" * 40, "12.short", "-5." + "a" * 40],
+)
+def test_forged_sign_in_cookies_are_refused(cookie: str) -> None:
+    forms = LoginForms(clock=Clock())
+    assert not forms.check(cookie, "anything")
+    fresh, token = forms.issue(cookie)
+    assert fresh != cookie and forms.check(fresh, token)
 
 
 @pytest.mark.parametrize(

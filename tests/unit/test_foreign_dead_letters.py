@@ -16,6 +16,7 @@ from retryd.config import Settings
 from retryd.policy import headers as h
 from retryd.policy.foreign import (
     AUTO,
+    MAX_PROBLEMS,
     ForeignFormat,
     detect,
     is_foreign_header,
@@ -268,7 +269,7 @@ HOSTILE: list[object] = [
 def test_hostile_headers_never_raise(fmt: ForeignFormat, headers: object) -> None:
     got = to_dead_letter_fields(fmt, headers, timestamp=-1)
     assert set(got.fields) >= {h.ORIGINAL_TOPIC, h.ORIGINAL_PARTITION, h.ORIGINAL_OFFSET}
-    assert len(got.problems) <= 8
+    assert len(got.problems) <= MAX_PROBLEMS
     for value in got.fields.values():
         assert value is None or isinstance(value, int | str)
         if isinstance(value, str):
@@ -280,10 +281,108 @@ def test_hostile_headers_never_raise(fmt: ForeignFormat, headers: object) -> Non
     strip_foreign(fmt, headers)  # type: ignore[arg-type]
 
 
-def test_non_utf8_message_is_replaced_and_said() -> None:
-    got = to_dead_letter_fields(ForeignFormat.SHARE_GROUP, [("__dlq.errors.message", b"bad \xff")])
-    assert got.fields[h.ERROR_MESSAGE] == "bad \ufffd"
-    assert any("UTF-8" in p for p in got.problems)
+NOT_UTF8 = b"caf\xe9 \xff\xfe"  # Latin-1 and stray bytes: no UTF-8 decoder reads them
+
+
+def _with(headers: list[tuple[str, bytes | None]], name: str) -> list[tuple[str, bytes | None]]:
+    """``headers`` with ``name``'s value replaced by bytes that are not UTF-8."""
+    assert any(n == name for n, _ in headers), name
+    return [(n, NOT_UTF8 if n == name else v) for n, v in headers]
+
+
+SPRING_KEY_ONLY = [
+    *(pair for pair in spring_headers() if not pair[0].startswith("kafka_dlt-exception")),
+    ("kafka_dlt-key-exception-fqcn", b"org.apache.kafka.common.errors.SerializationException"),
+    ("kafka_dlt-key-exception-message", b"key failed"),
+]
+
+
+@pytest.mark.parametrize(
+    ("fmt", "headers", "header", "field"),
+    [
+        (ForeignFormat.SPRING, spring_headers(), "kafka_dlt-exception-fqcn", h.ERROR_CLASS),
+        (ForeignFormat.SPRING, spring_headers(), "kafka_dlt-exception-cause-fqcn", h.ERROR_CLASS),
+        (ForeignFormat.SPRING, spring_headers(), "kafka_dlt-exception-message", h.ERROR_MESSAGE),
+        (ForeignFormat.SPRING, spring_headers(), "kafka_dlt-original-consumer-group", h.GROUP),
+        (ForeignFormat.SPRING, SPRING_KEY_ONLY, "kafka_dlt-key-exception-fqcn", h.ERROR_CLASS),
+        (ForeignFormat.SPRING, SPRING_KEY_ONLY, "kafka_dlt-key-exception-message", h.ERROR_MESSAGE),
+        (ForeignFormat.KARAFKA, KARAFKA, "source_consumer_group", h.GROUP),
+        (ForeignFormat.CONNECT, CONNECT, "__connect.errors.exception.class.name", h.ERROR_CLASS),
+        (ForeignFormat.CONNECT, CONNECT, "__connect.errors.exception.message", h.ERROR_MESSAGE),
+        (ForeignFormat.CONNECT, CONNECT, "__connect.errors.connector.name", h.GROUP),
+        (ForeignFormat.SHARE_GROUP, SHARE, "__dlq.errors.message", h.ERROR_MESSAGE),
+        (ForeignFormat.SHARE_GROUP, SHARE, "__dlq.errors.group", h.GROUP),
+    ],
+)
+def test_text_that_is_not_utf8_is_null_and_named(
+    fmt: ForeignFormat, headers: list[tuple[str, bytes | None]], header: str, field: str
+) -> None:
+    """README and the spec: a mapped text field whose bytes are not UTF-8 is null (never a
+    guess with U+FFFD in it), its header is named in the problems, and the other fields are
+    read as they would be without it."""
+    clean = to_dead_letter_fields(fmt, headers).fields
+    assert clean[field] is not None
+    got = to_dead_letter_fields(fmt, _with(headers, header))
+    assert got.fields[field] is None, got.fields
+    assert [p for p in got.problems if header in p and "UTF-8" in p], got.problems
+
+    def others(fields: dict[str, str | int | None]) -> dict[str, str | int | None]:
+        return {k: v for k, v in fields.items() if k not in (field, h.DEAD_REASON)}
+
+    assert others(got.fields) == others(clean)  # (a share group's reason is read from its text)
+    assert not any("\ufffd" in str(v) for v in (*got.fields.values(), *got.problems))
+
+
+def test_an_unreadable_share_group_message_keeps_who_decided() -> None:
+    """The broker names no class: ``ShareGroupDLQ`` says a message was there (it was, only
+    unreadable); the dead reason, read from the message's words, is unknown."""
+    got = to_dead_letter_fields(ForeignFormat.SHARE_GROUP, _with(SHARE, "__dlq.errors.message"))
+    assert got.fields[h.ERROR_CLASS] == "ShareGroupDLQ"
+    assert got.fields[h.ERROR_MESSAGE] is None and got.fields[h.DEAD_REASON] is None
+
+
+def test_every_unreadable_header_of_a_record_is_named() -> None:
+    """All of Spring's text and number headers unreadable at once: each is named (the bound
+    on problems is above what any format reads), none shows U+FFFD, numbers as escapes."""
+    headers = [
+        (n, b"\xff\xfe\x80" if n.startswith("kafka_dlt-") else v) for n, v in spring_headers()
+    ]
+    got = to_dead_letter_fields(ForeignFormat.SPRING, headers)
+    named = {
+        "kafka_dlt-original-topic", "kafka_dlt-original-partition", "kafka_dlt-original-offset",
+        "kafka_dlt-original-timestamp", "kafka_dlt-original-consumer-group",
+        "kafka_dlt-exception-fqcn", "kafka_dlt-exception-cause-fqcn",
+        "kafka_dlt-exception-message",
+    }  # fmt: skip
+    assert {n for n in named if any(n + " " in p for p in got.problems)} == named, got.problems
+    assert all(v is None for k, v in got.fields.items() if k != h.DEAD_REASON), got.fields
+    karafka = to_dead_letter_fields(ForeignFormat.KARAFKA, _with(KARAFKA, "source_offset"))
+    assert karafka.fields[h.ORIGINAL_OFFSET] is None
+    assert any("source_offset" in p and "\\xe9" in p for p in karafka.problems), karafka.problems
+    for problem in (*got.problems, *karafka.problems):
+        assert "\ufffd" not in problem
+
+
+def test_the_api_view_of_an_unreadable_field_is_null_with_its_problem() -> None:
+    """What ``/v1/failed`` serves (``render_record``) and what Spark's columns hold
+    (``map_batch``) for a Spring dead letter whose exception headers are not UTF-8."""
+    headers = _with(
+        _with(spring_headers(), "kafka_dlt-exception-fqcn"), "kafka_dlt-exception-message"
+    )
+    view = render_record(spring_record(headers=headers), 64)
+    assert view["retryd"][h.ERROR_CLASS] is None and view["retryd"][h.ERROR_MESSAGE] is None
+    assert view["retryd"][h.ORIGINAL_TOPIC] == "orders"
+    problems = view["mapping_problems"]
+    assert any("kafka_dlt-exception-fqcn" in p for p in problems), problems
+    assert any("kafka_dlt-exception-message" in p for p in problems), problems
+    assert "\ufffd" not in repr(view)
+    pytest.importorskip("pyarrow")
+    from retryd.pipeline.columns import Record, build_batch
+    from retryd.pipeline.foreign import map_batch
+
+    batch = build_batch([Record("orders.DLT", 0, 0, (1, 1), b"k", b"v", headers)])
+    row = map_batch(batch, {"orders.DLT": "spring"}).to_pylist()[0]
+    assert (row["error_class"], row["original_topic"]) == (None, "orders")
 
 
 def test_detect() -> None:

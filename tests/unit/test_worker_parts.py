@@ -15,7 +15,7 @@ from retryd.worker.book import PartitionBook
 from retryd.worker.events import BatchStats, Buckets, SlotStats
 from retryd.worker.flow import flow_control
 from retryd.worker.intake import effective_due_ms
-from retryd.worker.lifecycle import RUNNING, SUCCEEDED
+from retryd.worker.lifecycle import FAILED, QUEUED, RUNNING, SUCCEEDED
 from retryd.worker.partition import PAUSE_BUFFER, PAUSE_PRODUCER, PartitionState
 from retryd.worker.router import Router
 from retryd.worker.scheduler import Scheduler
@@ -36,6 +36,7 @@ def _keyed(offset: int, key: object) -> Work:
     w = _work(offset)
     w.lock = key
     w.next = None
+    w.stage = SUCCEEDED  # as a slot leaves it after a success (a success releases the lane)
     return w
 
 
@@ -63,14 +64,66 @@ def test_handoff_lets_keys_take_turns() -> None:
     assert s.handoff(b2) is None and s.busy_keys == 0
 
 
-def test_release_many_hands_back_successors_under_one_lock() -> None:
+def test_a_failure_releases_its_lane_on_its_slot_only_while_the_gate_is_open() -> None:
+    """Closed circuit: a failure will be routed, so its key moves on at once. Shut gate (the
+    circuit not closed): the poll thread decides it, so the key waits."""
     s = Scheduler()
     a1, b1, a2, b2 = _keyed(0, "a"), _keyed(1, "b"), _keyed(2, "a"), _keyed(3, "b")
     s.submit([a1, b1, a2, b2])
     held = s.take(10)
-    successors: list[Work] = []
-    s.release_many(held, successors)
-    assert successors == [a2, b2] and s.busy_keys == 2
+    b1.stage = FAILED
+    s.release_settled(held)
+    assert s.take(10) == [a2, b2] and s.busy_keys == 2
+    c1, c2 = _keyed(4, "c"), _keyed(5, "c")
+    s.submit([c1, c2])
+    assert s.take(10) == [c1]
+    c1.stage = FAILED
+    s.set_gate(False)
+    s.release_settled([c1])
+    s.set_gate(True)
+    assert s.take(10) == []  # c2 waits behind c1 ...
+    s.release(c1)  # ... until the poll thread routed it
+    assert s.take(10) == [c2]
+
+
+def test_a_held_failure_keeps_its_lane_until_it_ran_again() -> None:
+    """A failure held in place (circuit breaker) goes back to the front and runs before the
+    next record of its key, which never starts while it is held; a failure whose lane its slot
+    already released cannot be held."""
+    s = Scheduler()
+    a1, a2 = _keyed(0, "a"), _keyed(1, "a")
+    s.submit([a1, a2])
+    assert s.take(10) == [a1]
+    s.set_gate(False)
+    a1.stage = FAILED
+    assert s.handoff(a1) is None  # a2 stays chained behind the failed a1
+
+    def hold(w: Work) -> bool:
+        w.stage = QUEUED
+        return True
+
+    assert s.keep(a1, hold)
+    s.set_gate(True)
+    s.requeue([a1])
+    assert s.take(10) == [a1]
+    a1.stage = SUCCEEDED
+    assert s.handoff(a1) is a2
+    a2.stage = FAILED
+    assert s.handoff(a2) is None  # gate open: released on its slot
+    assert not s.keep(a2, hold) and a2.stage is FAILED  # so it is routed, never held
+
+
+def test_the_shut_gate_lets_only_the_offered_probe_through() -> None:
+    s = Scheduler()
+    a1, b1, c1 = _keyed(0, "a"), _keyed(1, "b"), _keyed(2, "c")
+    s.submit([a1, b1])
+    s.set_gate(False)
+    assert s.take(10) == [] and s.runnable == 0
+    s.offer_probe(c1)
+    assert s.runnable == 1 and s.take(10) == [c1] and s.take(10) == []
+    s.offer_probe(c1)
+    s.set_gate(True)  # not taken: back at the front of the line
+    assert s.take(10) == [c1, a1, b1]
 
 
 def test_keyless_records_never_chain() -> None:

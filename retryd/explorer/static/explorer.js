@@ -25,6 +25,7 @@
       setText("job-replayed", p.replayed);
       setText("job-to-replay", p.to_replay);
       setText("job-skipped", p.skipped);
+      setText("job-skip-reasons", p.skip_reasons || "none");
       setText("job-rate", p.rate);
       setText("job-errors", p.errors);
       setText("job-detail", p.stop_reason || p.detail);
