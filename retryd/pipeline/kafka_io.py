@@ -1,9 +1,11 @@
 """Kafka I/O of the data source: planning offset ranges (driver) and reading them (executors).
 
 Neither side joins a consumer group or commits: ranges are ``assign()``ed explicitly.
-Partition extents come from ListOffsets (earliest, latest), as Spark's own Kafka source does.
-(The embedded dev broker answers 'latest' wrongly; that is the stand-in's problem, not the
-pipeline's: run the pipeline against Apache Kafka.)
+Partition extents come from ListOffsets (earliest, latest), as Spark's own Kafka source does,
+each end checked against a fetch's high watermark: the embedded dev broker (Tansu) answers
+'latest' wrongly, and a range planned short would read short without a word
+(``probe_extents``). A range read that meets the end of the partition before its end offset
+waits for the rest and fails with the partition named, never ends short (``read_range``).
 """
 
 from __future__ import annotations
@@ -29,9 +31,16 @@ from confluent_kafka import (
 from retryd.errors import KafkaSetupError, RetrydError
 from retryd.kafka.clients import new_consumer, reader_config
 from retryd.pipeline.columns import BatchBuilder
-from retryd.pipeline.offsets import Bound, OffsetRange, clamp_range, split_range
+from retryd.pipeline.offsets import (
+    Bound,
+    EndCheck,
+    OffsetRange,
+    checked_end,
+    clamp_range,
+    split_range,
+)
 from retryd.pipeline.options import SourceOptions
-from retryd.pipeline.timeplan import Sample
+from retryd.pipeline.timeplan import Check, Sample, contradiction, probe_offsets
 
 log = logging.getLogger(__name__)
 
@@ -146,15 +155,71 @@ def read_heads(consumer: Consumer, positions: Mapping[TP, int], timeout_s: float
 
 
 def probe_extents(consumer: Consumer, tps: list[TP], timeout_s: float) -> dict[TP, tuple[int, int]]:
-    """(log start offset, end offset) of each partition: two batched ListOffsets requests
-    (earliest, latest), ~15 ms on Apache Kafka. The end is the last stable offset for a
-    ``read_committed`` reader. (It was a fetch from the start of every partition, which took
-    0.2-1.2 s at the end of a partition on Kafka: a fetch there waits for data.)"""
+    """(log start offset, end offset) of each partition, the end checked by a fetch.
+
+    Two batched ListOffsets requests (earliest, latest) answer in ~15 ms on Apache Kafka, as
+    Spark's own Kafka source takes them. But a range planned short reads short without any
+    error, and a Kafka-compatible broker can answer 'latest' wrongly: the embedded Tansu of
+    ``retryd dev`` answers the base offset of the last batch + 1, and report, archive and
+    replay read 2 of 40 dead letters there (issue 23). So on every broker the end comes from
+    the high watermark of a fetch at the last listed offset, which answers at once (a record
+    is there; only an empty partition waits ``fetch.wait.max.ms``), and a broker whose
+    ListOffsets contradicts its fetches is named in a warning (``checked_end``). The end is
+    the last stable offset for a ``read_committed`` reader, in both answers.
+    """
     if not tps:
         return {}
     low = _list_offsets(consumer, tps, OFFSET_BEGINNING, timeout_s)
-    high = _list_offsets(consumer, tps, OFFSET_END, timeout_s)
-    return {tp: (min(low[tp], high[tp]), high[tp]) for tp in tps}
+    listed = _list_offsets(consumer, tps, OFFSET_END, timeout_s)
+    positions = {tp: max(low[tp], listed[tp] - 1) for tp in tps}
+    try:
+        heads = read_heads(consumer, positions, timeout_s)
+    except KafkaReadError as exc:
+        raise KafkaReadError(
+            f"cannot check the partitions' end offsets with a fetch from "
+            f"{broker_name(consumer, timeout_s)}: {exc}"
+        ) from exc
+    fetched = {tp: heads[tp].high for tp in tps}
+    ahead = [tp for tp in tps if fetched[tp] > listed[tp]]
+    relisted = _list_offsets(consumer, ahead, OFFSET_END, timeout_s) if ahead else {}
+    out: dict[TP, tuple[int, int]] = {}
+    problems: list[str] = []
+    for tp in tps:
+        end, problem = checked_end(tp, EndCheck(listed[tp], fetched[tp], relisted.get(tp)))
+        if problem is not None:
+            problems.append(problem)
+        out[tp] = (min(low[tp], end), end)
+    if problems:
+        _warn_wrong_list_offsets(consumer, problems, timeout_s)
+    return out
+
+
+_WARNED: set[str] = set()  # clusters already warned about in this process
+
+
+def broker_name(consumer: Consumer, timeout_s: float) -> str:
+    """The cluster a client talks to, for messages: its id and its brokers' addresses (the
+    embedded Tansu's id is 'tansu_cluster')."""
+    try:
+        metadata = consumer.list_topics(timeout=timeout_s)
+    except KafkaException as exc:
+        return f"the broker (metadata unavailable: {exc})"
+    hosts = ", ".join(sorted(f"{b.host}:{b.port}" for b in metadata.brokers.values()))
+    return f"the broker at {hosts or '?'} (cluster id {metadata.cluster_id!r})"
+
+
+def _warn_wrong_list_offsets(consumer: Consumer, problems: list[str], timeout_s: float) -> None:
+    name = broker_name(consumer, timeout_s)
+    level = logging.INFO if name in _WARNED else logging.WARNING
+    _WARNED.add(name)
+    log.log(
+        level,
+        "%s answers ListOffsets 'latest' wrongly (%s%s): partition ends are taken from fetch "
+        "responses instead, so every record is read",
+        name,
+        "; ".join(problems[:3]),
+        f"; {len(problems) - 3} more" if len(problems) > 3 else "",
+    )
 
 
 def _list_offsets(consumer: Consumer, tps: list[TP], spec: int, timeout_s: float) -> dict[TP, int]:
@@ -222,6 +287,46 @@ def offsets_for_times(
     return out
 
 
+def check_time_answers(
+    consumer: Consumer,
+    answers: Mapping[tuple[TP, int], int | None],
+    targets: Mapping[tuple[TP, int], int],
+    extents: Mapping[TP, tuple[int, int]],
+    timeout_s: float,
+) -> None:
+    """Refuse offsets-for-times answers that the records around them contradict.
+
+    The ``*Timestamp`` options are resolved by the broker; one that answers without looking
+    at record timestamps (the embedded Tansu answers offset 0 for every timestamp) would make
+    the read silently start or end in the wrong place. The same necessary conditions as the
+    jobs' ``--since/--until`` (``timeplan.contradiction``) are checked; the jobs fall back to
+    filtering after the read, the data source's options have no such fallback: an error.
+    """
+    requests: dict[tuple[tuple[TP, int], str], tuple[TP, int]] = {}
+    for key, answer in answers.items():
+        low, high = extents[key[0]]
+        for name, offset in probe_offsets(answer, low, high).items():
+            requests[(key, name)] = (key[0], offset)
+    samples = read_samples(consumer, requests, timeout_s)
+    for key, answer in sorted(answers.items(), key=lambda kv: kv[0]):
+        tp, side = key
+        low, high = extents[tp]
+        check = Check(
+            answer,
+            at=samples.get((key, "at")),
+            before=samples.get((key, "before")),
+            last=samples.get((key, "last")),
+        )
+        problem = contradiction(tp, targets[key], low, high, check)
+        if problem is not None:
+            option = ("starting", "ending")[side] + "Timestamp"
+            raise KafkaReadError(
+                f"{broker_name(consumer, timeout_s)} does not honour record timestamps in "
+                f"offsets-for-times ({problem}): the {option} options cannot be resolved "
+                "there; give offsets instead (the jobs' --since/--until filter after the read)"
+            )
+
+
 def resolve_ranges(opts: SourceOptions) -> list[OffsetRange]:
     """One concrete ``[start, end)`` per partition of the selected topics (possibly empty)."""
     consumer = range_consumer(opts.kafka_conf, **PROBE_TUNING)
@@ -246,6 +351,7 @@ def resolve_ranges(opts: SourceOptions) -> list[OffsetRange]:
             wanted = {tp: ts for (tp, s), ts in by_time.items() if s == side}
             for tp, offset in offsets_for_times(consumer, wanted, opts.read_timeout_s).items():
                 found[(tp, side)] = offset
+        check_time_answers(consumer, found, by_time, extents, opts.read_timeout_s)
     finally:
         consumer.close()
 
@@ -321,8 +427,14 @@ def fewer_gc_passes(threshold0: int = GC_THRESHOLD0) -> Iterator[None]:
 def read_range(
     conf: Mapping[str, str], rng: OffsetRange, batch_rows: int, timeout_s: float
 ) -> Iterator[pa.RecordBatch]:
-    """Yield the records of ``rng`` as Arrow batches; stop at its end, at end-of-partition
-    (offsets may be missing: compaction, transaction markers), never wait forever.
+    """Yield the records of ``rng`` as Arrow batches; stop at its end, or at an end of
+    partition at or past it (offsets may be missing: compaction, transaction markers), never
+    wait forever.
+
+    An end of partition *before* the range's end does not end the read: the planned offsets
+    were there when the range was planned (or the plan was wrong), so the read waits for
+    them as for any slow fetch and fails after ``timeout_s`` naming both offsets, instead of
+    returning short. (A leader's high watermark can lag for a moment after a failover.)
 
     A ``consume()`` batch without errors and inside the range (one partition per consumer,
     so offsets increase) goes to the builder whole; only a batch with an error event or
@@ -340,6 +452,7 @@ def _read_range(
     consumer = range_consumer(conf, **READ_TUNING)
     builder = BatchBuilder()
     position = rng.start
+    log_end: int | None = None  # where an end of partition short of rng.end was met
     try:
         consumer.assign([TopicPartition(rng.topic, rng.partition, rng.start)])
         last_progress = time.monotonic()
@@ -348,9 +461,15 @@ def _read_range(
             msgs = consumer.consume(min(batch_rows, _CONSUME_BATCH), _POLL_S)
             if not msgs:
                 if time.monotonic() - last_progress > timeout_s:
+                    short = (
+                        f"; {broker_name(consumer, 5.0)} ends the partition at {log_end}: "
+                        f"the planned offsets {log_end}..{rng.end - 1} are not in its log"
+                        if log_end is not None
+                        else ""
+                    )
                     raise KafkaReadError(
                         f"{rng.topic}[{rng.partition}]@{position}: nothing arrived for "
-                        f"{timeout_s:g}s before the end offset {rng.end}"
+                        f"{timeout_s:g}s before the end offset {rng.end}{short}"
                     )
                 continue
             last_progress = time.monotonic()
@@ -366,8 +485,11 @@ def _read_range(
                 offset = msg.offset()
                 if err is not None:
                     if err.code() == _EOF:
-                        done = True  # nothing below rng.end is left in the log
-                        break
+                        if offset is not None and offset >= rng.end:
+                            done = True  # nothing below rng.end is left in the log
+                            break
+                        log_end = offset  # short of the range: wait for the rest
+                        continue
                     if err.retriable():
                         continue
                     raise KafkaReadError(f"{rng.topic}[{rng.partition}]@{position}: {err.str()}")

@@ -4,6 +4,11 @@ The connector is the Maven artifact ``org.apache.spark:spark-sql-kafka-0-10_2.13
 ``--packages`` or ``spark.jars``). Header parsing is done in Spark SQL with exactly the
 semantics of ``decode_lenient``: the last occurrence of a header wins, a value that is not
 valid UTF-8 or not a decimal number (for numeric headers) or out of range becomes NULL.
+
+The offset ranges are planned by retryd (``kafka_io.resolve_ranges``) and handed to the
+connector as explicit offsets: the connector would take partition ends from ListOffsets alone,
+which a Kafka-compatible broker can answer wrongly (the embedded Tansu does), and the two
+sources then read the same records.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from retryd.errors import RetrydError
 from retryd.pipeline.columns import COLUMNS, HEADER_COLUMNS, MAX_EPOCH_MS
+from retryd.pipeline.offsets import OffsetRange, ranges_to_json
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -38,9 +44,20 @@ class NativeSourceUnavailable(RetrydError):
     """Spark's Kafka connector is not on the classpath."""
 
 
-def native_options(options: Mapping[str, str]) -> dict[str, str]:
-    """The native connector's options for the same read (``kafka.*`` passes through)."""
+# The options that select offsets: replaced by explicit offsets when retryd planned the ranges.
+_BOUNDS = {k for k in _SHARED if k.startswith(("starting", "ending"))}
+
+
+def native_options(
+    options: Mapping[str, str], ranges: list[OffsetRange] | None = None
+) -> dict[str, str]:
+    """The native connector's options for the same read (``kafka.*`` passes through);
+    ``ranges`` (every partition of the topics) replace the options that select offsets."""
     opts = {str(k).lower(): str(v) for k, v in options.items()}
+    if ranges:
+        opts = {k: v for k, v in opts.items() if k not in _BOUNDS}
+        opts["startingoffsets"] = ranges_to_json(ranges, "starting")
+        opts["endingoffsets"] = ranges_to_json(ranges, "ending")
     out: dict[str, str] = {"includeHeaders": "true", "failOnDataLoss": "false"}
     if "bootstrap" in opts:
         out["kafka.bootstrap.servers"] = opts["bootstrap"]
@@ -101,8 +118,12 @@ def read_native(spark: SparkSession, options: Mapping[str, str]) -> DataFrame:
     """Read through Spark's Kafka connector, or say clearly that it is not installed."""
     from pyspark.errors import AnalysisException
 
+    from retryd.pipeline.kafka_io import resolve_ranges
+    from retryd.pipeline.options import SourceOptions
+
+    ranges = resolve_ranges(SourceOptions.parse(options))
     try:
-        raw = spark.read.format("kafka").options(**native_options(options)).load()
+        raw = spark.read.format("kafka").options(**native_options(options, ranges)).load()
     except AnalysisException as exc:
         condition = exc.getCondition() or ""
         if condition in _NOT_FOUND or "Failed to find data source: kafka" in str(exc):

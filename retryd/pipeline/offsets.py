@@ -236,3 +236,38 @@ def cap_offsets(
         biggest = max(sorted(backlog), key=lambda tp: backlog[tp])
         out[biggest] += min(backlog[biggest], max_rows)
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class EndCheck:
+    """One partition's end as two broker answers gave it: ListOffsets 'latest' (``listed``),
+    the high watermark of a fetch made after it (``fetched``) and, where the fetch saw more,
+    ListOffsets asked again after the fetch (``relisted``)."""
+
+    listed: int
+    fetched: int
+    relisted: int | None = None
+
+
+def checked_end(tp: tuple[str, int], check: EndCheck) -> tuple[int, str | None]:
+    """The end to read to, and why the broker's ListOffsets cannot be trusted (or None).
+
+    The fetch's high watermark is the end: it is what a reader of the range meets, and it is
+    the later of the two answers. An honest broker's end never moves back, so ListOffsets
+    answering, after the fetch, less than the fetch had shown is a wrong ListOffsets (Tansu
+    0.6 answers the base offset of the partition's last batch + 1), and so is a listed end
+    that the fetch's own high watermark does not reach. Records appended between the two
+    requests make ``fetched > listed`` too; then ``relisted`` has caught up and all is well.
+    """
+    where = f"{tp[0]}[{tp[1]}]"
+    if check.fetched < check.listed:
+        return check.fetched, (
+            f"{where}: ListOffsets answered end offset {check.listed}, but a fetch's high "
+            f"watermark is {check.fetched}"
+        )
+    if check.relisted is not None and check.relisted < check.fetched:
+        return check.fetched, (
+            f"{where}: ListOffsets answered end offset {check.relisted} after a fetch had "
+            f"shown records up to offset {check.fetched - 1}"
+        )
+    return check.fetched, None

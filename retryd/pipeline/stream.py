@@ -7,8 +7,9 @@ range after a crash, so a restarted query reads every record once; the sink deci
 "once" means on its side (the archive drops what it already holds).
 
 - ``initialOffset``: the ``startingOffsets`` of the options, resolved against the broker;
-- ``latestOffset``: each partition's end from ListOffsets (``kafka_io.probe_extents``), new
-  partitions included from their start, capped by the read limit;
+- ``latestOffset``: each partition's end from ListOffsets checked by a fetch's high watermark
+  (``kafka_io.probe_extents``), new partitions included from their start, capped by the read
+  limit;
 - ``partitions``/``read``: the batch source's offset ranges and reader (executors, Arrow).
 
 The reader lives in one long-running Python process on the driver, so it keeps one small

@@ -43,7 +43,6 @@ from __future__ import annotations
 import enum
 import json
 import struct
-from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -144,23 +143,38 @@ class Entry:
     offset: int  # the record's origin offset on its main topic
     added_ms: int
     kind: str
+    # where it came from: the origin's main partition (None in entries written before 0.x),
+    # and the state record's own offset (-1: not known), which orders writes of one entry
+    partition: int | None = None
+    version: int = -1
 
 
-def encode_entry(added_ms: int, kind: str) -> bytes:
+ENTRY_MAX_BYTES = 256  # a state value is a tiny JSON object: anything bigger is not one
+
+
+def encode_entry(added_ms: int, kind: str, partition: int | None = None) -> bytes:
     if kind not in KINDS:
         raise ValueError(f"unknown entry kind {kind!r}")
-    return json.dumps({"v": 1, "added_ms": added_ms, "kind": kind}, separators=(",", ":")).encode()
+    doc: dict[str, object] = {"v": 1, "added_ms": added_ms, "kind": kind}
+    if partition is not None:
+        doc["p"] = partition
+    return json.dumps(doc, separators=(",", ":")).encode()
 
 
-def decode_entry(offset: int, value: bytes) -> Entry:
-    """The entry a state record holds; raises ValueError on anything else."""
+def decode_entry(offset: int, value: bytes, version: int = -1) -> Entry:
+    """The entry a state record holds; raises ValueError on anything else (bounded: a value
+    is a flat object of a few fields, so nothing deep or big is parsed)."""
+    if len(value) > ENTRY_MAX_BYTES or value.count(b"{") > 1 or value.count(b"[") > 0:
+        raise ValueError("a key-state value is a small flat JSON object")
     doc = json.loads(value)
     if not isinstance(doc, dict):
         raise ValueError("a key-state value is a JSON object")
-    added, kind = doc.get("added_ms"), doc.get("kind")
+    added, kind, part = doc.get("added_ms"), doc.get("kind"), doc.get("p")
     if not isinstance(added, int) or isinstance(added, bool) or kind not in KINDS:
         raise ValueError("a key-state value needs added_ms (int) and kind")
-    return Entry(offset, added, kind)
+    if part is not None and (not isinstance(part, int) or isinstance(part, bool) or part < 0):
+        raise ValueError("a key-state value's partition is a non-negative int")
+    return Entry(offset, added, kind, part, version)
 
 
 def murmur2(data: bytes) -> int:
@@ -215,23 +229,26 @@ def decide(
     removed: bool = False,
     parked_since_ms: int | None = None,
     max_blocked_ms: int | None = None,
+    entered_ms: int | None = None,
 ) -> Verdict:
     """What to do with a record of a strict key about to run (module docstring).
 
     ``entries``: the chain's entries in the worker's view (None or empty: the key is free);
     ``removed``: the view saw this record's own entry removed; ``parked_since_ms``: when a
     parked copy was first parked (a copy whose own entry the view does not show is parked again
-    at most until the cap, then it runs)."""
+    at most until the cap, then it runs); ``entered_ms``: when the copy's record entered the
+    chain (its first park or first failure): an entry older than the cap may have been removed
+    as an orphan, so such a copy whose entry is gone runs instead of being dropped."""
     if is_copy:
         own = entries.get(origin_offset) if entries else None
         if own is None:
+            past_cap = max_blocked_ms is not None and (
+                (parked_since_ms is not None and now_ms - parked_since_ms > max_blocked_ms)
+                or (entered_ms is not None and now_ms - entered_ms > max_blocked_ms)
+            )
             if removed:
-                return Verdict.DUPLICATE
-            if (
-                max_blocked_ms is not None
-                and parked_since_ms is not None
-                and now_ms - parked_since_ms > max_blocked_ms
-            ):
+                return Verdict.RUN_RELEASED if past_cap else Verdict.DUPLICATE
+            if past_cap:
                 return Verdict.RUN_RELEASED
             return Verdict.PARK
     if not entries:
@@ -282,6 +299,16 @@ def after_dead_letter(
     return None, []
 
 
+def after_failure(entries: Mapping[int, Entry] | None, origin_offset: int) -> list[int]:
+    """Dead markers a main-topic record entering the chain removes: those below it when no
+    live entry is below it. It ran, so they no longer held anything back; left in place they
+    would dead-letter its own copy as ``blocked_by_dead_letter``."""
+    entries = entries or {}
+    if any(o < origin_offset and e.kind != KIND_DEAD for o, e in entries.items()):
+        return []
+    return sorted(o for o, e in entries.items() if e.kind == KIND_DEAD and o < origin_offset)
+
+
 def after_success(entries: Mapping[int, Entry] | None, origin_offset: int) -> list[int]:
     """Dead markers a successful record removes with its own entry: those below it when it
     was the last live record of its chain (a follower released past the cap)."""
@@ -292,87 +319,6 @@ def after_success(entries: Mapping[int, Entry] | None, origin_offset: int) -> li
     return [o for o, e in entries.items() if e.kind == KIND_DEAD and o != origin_offset]
 
 
-# ----------------------------------------------------------------------------- the view
-class ChainView:
-    """The key-state topic as one worker has read it: chain id -> {origin offset: Entry}.
-
-    Bounded: ``max_entries`` live entries (``full`` tells the engine to stop parking new
-    records: their partitions fill and pause); ``max_removed`` recently removed entries are
-    remembered to recognise duplicates of finished chain entries."""
-
-    def __init__(self, max_entries: int = 1_000_000, max_removed: int = 1_000_000) -> None:
-        self.chains: dict[bytes, dict[int, Entry]] = {}
-        self.entries = 0
-        self.max_entries = max_entries
-        self.max_removed = max_removed
-        self._removed: OrderedDict[tuple[bytes, int], None] = OrderedDict()
-        self.positions: dict[int, int] = {}  # state partition -> next offset read
-        self.bad = 0  # state records that are not entries (skipped)
-
-    @property
-    def full(self) -> bool:
-        return self.entries >= self.max_entries
-
-    def get(self, chain: bytes) -> dict[int, Entry] | None:
-        return self.chains.get(chain)
-
-    def removed(self, chain: bytes, offset: int) -> bool:
-        return (chain, offset) in self._removed
-
-    def apply(self, key: bytes | None, value: bytes | None) -> bool:
-        """Apply one state record (an add, or a tombstone); False when it is not an entry."""
-        if key is None:
-            self.bad += 1
-            return False
-        try:
-            chain, offset = split_entry_key(key)
-            entry = decode_entry(offset, value) if value is not None else None
-        except (ValueError, UnicodeDecodeError):
-            self.bad += 1
-            return False
-        if entry is None:
-            self.remove(chain, offset)
-        else:
-            self.add(chain, entry)
-        return True
-
-    def add(self, chain: bytes, entry: Entry) -> None:
-        found = self.chains.get(chain)
-        if found is None:
-            found = self.chains[chain] = {}
-        if entry.offset not in found:
-            self.entries += 1
-        found[entry.offset] = entry
-        self._removed.pop((chain, entry.offset), None)
-
-    def remove(self, chain: bytes, offset: int) -> None:
-        found = self.chains.get(chain)
-        if found is not None and found.pop(offset, None) is not None:
-            self.entries -= 1
-            if not found:
-                del self.chains[chain]
-        removed = self._removed
-        removed[(chain, offset)] = None
-        removed.move_to_end((chain, offset))
-        while len(removed) > self.max_removed:
-            removed.popitem(last=False)
-
-    def caught_up(self, targets: Mapping[int, int]) -> bool:
-        """Has the view read every state partition up to ``targets`` (next offsets)?"""
-        positions = self.positions
-        return all(positions.get(p, 0) >= end for p, end in targets.items())
-
-    def stats(self, now_ms: int) -> tuple[int, int, float]:
-        """``(blocked keys, live entries, age of the oldest entry in seconds)``."""
-        oldest: int | None = None
-        for found in self.chains.values():
-            for entry in found.values():
-                if oldest is None or entry.added_ms < oldest:
-                    oldest = entry.added_ms
-        age = 0.0 if oldest is None else max(0.0, (now_ms - oldest) / 1000)
-        return len(self.chains), self.entries, age
-
-
 def parked_since(value: bytes | None) -> int | None:
     """The ``retryd_parked`` header's first-park time; raises HeaderError when unusable."""
     if value is None:
@@ -381,3 +327,34 @@ def parked_since(value: bytes | None) -> int | None:
     if not (0 < len(text) <= 19 and text.isdigit()):
         raise HeaderError(f"header {PARKED}={text[:40]!r} is not a timestamp")
     return int(text)
+
+
+from retryd.policy.chain_view import ChainView  # noqa: E402  (the view of these entries)
+
+__all__ = [
+    "DEAD_BLOCKED",
+    "KINDS",
+    "KIND_DEAD",
+    "KIND_FAILED",
+    "KIND_PARKED",
+    "PARKED",
+    "ChainView",
+    "Entry",
+    "EntryId",
+    "KeyOrder",
+    "OnDeadLetter",
+    "Verdict",
+    "after_dead_letter",
+    "after_failure",
+    "after_success",
+    "chain_id",
+    "decide",
+    "decode_entry",
+    "decode_entry_key",
+    "encode_entry",
+    "entry_key",
+    "murmur2",
+    "parked_since",
+    "split_entry_key",
+    "state_partition",
+]

@@ -30,6 +30,9 @@ def reserved_topics(settings: Settings) -> dict[str, str]:
         reserved[topic] = "another system's dead-letter topic (foreign_dead_letters)"
     reserved[settings.failed_topic] = "this deployment's failed_topic"
     reserved[settings.ledger_topic] = "the replay ledger"
+    # strict key order's chain entries: a replayed record there would be read as an entry
+    # (or skipped as malformed) by every worker's view, never handled
+    reserved[settings.key_state_topic] = "the key-state topic (key_order = strict)"
     return reserved
 
 

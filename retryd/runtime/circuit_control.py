@@ -16,7 +16,8 @@ reader sees the old order or the new one, never half of one. The lock file also 
 below what the workers already applied (they would ignore the next orders).
 
 The file is input like any other: a reader takes at most ``MAX_BYTES`` of a regular file and
-parses it with bounded nesting and bounded numbers (``parse_command``), and anything else is
+parses it with bounded nesting and bounded numbers (``parse_command``, with the reader shared
+with worker heartbeats: ``retryd.runtime.boundedjson``), and anything else is
 "no order", logged once per file state. Nothing in the file can raise out of ``read_command``
 or ``CommandReader.poll``, which the workers' heartbeat and ``GET /v1/circuit`` call. The
 reader detects a new order by its ``seq``, not the file's timestamp: two orders written within
@@ -31,8 +32,6 @@ import hashlib
 import json
 import logging
 import os
-import stat
-import threading
 import time
 import uuid
 from collections.abc import Hashable, Iterator
@@ -41,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from retryd.policy.circuit import CircuitAction
+from retryd.runtime import boundedjson
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ STALE_MS = 60_000  # an order older than this when a worker starts is not applie
 BY_MAX = 64  # characters of the orderer's name kept
 MAX_BYTES = 4096  # an order is ~150 bytes; a bigger file is refused unread
 MAX_DEPTH = 8  # nesting allowed (an order is one flat object): bounds json.loads' recursion
-MAX_DIGITS = 19  # of any integer in the file: int() of a long literal costs, of a huge one fails
+MAX_DIGITS = boundedjson.MAX_DIGITS  # of any integer in the file (int() of a long one costs)
 SEQ_MAX = 2**53 - 1  # seq and at_ms stay exact in every JSON reader (JavaScript's too)
 LOCK_WAIT_S = 10.0  # a writer waits this long for the lock, then the order fails (503)
 
@@ -77,7 +77,7 @@ class CircuitCommand:
     group: str
 
 
-class OrderRefused(ValueError):
+class OrderRefused(boundedjson.Refused):
     """The order file's content is not a usable order (the message says why)."""
 
 
@@ -85,42 +85,6 @@ class OrderRefused(ValueError):
 
 
 _ACTIONS = frozenset(a.value for a in CircuitAction)
-
-
-def _depth(text: str) -> int:
-    """The deepest nesting of brackets outside strings. On any prefix of ``text`` that is valid
-    JSON this is exactly the depth ``json.loads`` recurses to (it stops at the first invalid
-    character), so checking it first bounds the parser's recursion."""
-    if text.count("[") + text.count("{") <= MAX_DEPTH:
-        return 0  # (cannot be deeper: the common case, without the scan)
-    depth = deepest = 0
-    in_string = escaped = False
-    for ch in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif ch in "]}":
-            depth = max(depth - 1, 0)
-    return deepest
-
-
-def _small_int(literal: str) -> int:
-    if len(literal.lstrip("-")) > MAX_DIGITS:
-        raise OrderRefused(f"holds a number of more than {MAX_DIGITS} digits")
-    return int(literal)
-
-
-def _no_constant(name: str) -> object:
-    raise OrderRefused(f"holds {name}")
 
 
 def _count(doc: dict[str, object], name: str, low: int) -> int:
@@ -132,22 +96,15 @@ def _count(doc: dict[str, object], name: str, low: int) -> int:
 
 def parse_command(data: bytes) -> CircuitCommand:
     """The order in ``data`` (an order file's bytes). Raises ``OrderRefused`` and nothing else:
-    the size, the brackets and every number's digits are bounded before ``json.loads`` runs,
-    so it cannot recurse deeply, convert a huge number or allocate much."""
-    if len(data) > MAX_BYTES:
-        raise OrderRefused(f"is more than {MAX_BYTES} bytes")
+    the size, the brackets and every number's digits are bounded before ``json.loads`` runs
+    (``retryd.runtime.boundedjson``), so it cannot recurse deeply, convert a huge number or
+    allocate much."""
     try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise OrderRefused("is not UTF-8") from None
-    if _depth(text) > MAX_DEPTH:
-        raise OrderRefused(f"nests deeper than {MAX_DEPTH} levels")
-    try:
-        doc = json.loads(text, parse_int=_small_int, parse_constant=_no_constant)
-    except OrderRefused:
-        raise
-    except (ValueError, RecursionError, OverflowError):
-        raise OrderRefused("is not JSON") from None
+        doc = boundedjson.loads(
+            data, max_bytes=MAX_BYTES, max_depth=MAX_DEPTH, max_digits=MAX_DIGITS
+        )
+    except boundedjson.Refused as exc:
+        raise OrderRefused(str(exc)) from None
     if not isinstance(doc, dict):
         raise OrderRefused("is not a JSON object")
     seq = _count(doc, "seq", 1)
@@ -166,77 +123,20 @@ def parse_command(data: bytes) -> CircuitCommand:
     return CircuitCommand(seq, CircuitAction(action), by[:BY_MAX], at_ms, group)
 
 
-def _os_reason(exc: OSError) -> str:
-    return f"{type(exc).__name__}: {exc.strerror or 'error'}"
-
-
-def _read_at_most(fd: int, limit: int) -> bytes:
-    chunks: list[bytes] = []
-    size = 0
-    while size < limit:
-        chunk = os.read(fd, limit - size)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        size += len(chunk)
-    return b"".join(chunks)
-
-
 def _load(path: Path) -> tuple[CircuitCommand | None, str | None, Hashable]:
     """(order, None, _) or (None, why it is refused, the file state refused); (None, None, _)
-    when there is no file. Reads at most ``MAX_BYTES + 1`` bytes, of a regular file only:
-    opening never waits (a FIFO put there would block a plain ``open`` for good)."""
-    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
-    try:
-        fd = os.open(path, flags)
-    except FileNotFoundError:
-        return None, None, None
-    except OSError as exc:
-        return None, f"cannot be opened ({_os_reason(exc)})", ("open", exc.errno)
-    try:
-        st = os.fstat(fd)
-        state = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-        if not stat.S_ISREG(st.st_mode):
-            return None, "is not a regular file", state
-        if st.st_size > MAX_BYTES:
-            return None, f"is {st.st_size} bytes, more than {MAX_BYTES}", state
-        data = _read_at_most(fd, MAX_BYTES + 1)
-    except OSError as exc:
-        return None, f"cannot be read ({_os_reason(exc)})", ("read", exc.errno)
-    finally:
-        os.close(fd)
+    when there is no file. Reads at most ``MAX_BYTES + 1`` bytes, of a regular file only
+    (``boundedjson.read_regular``: opening never waits)."""
+    data, problem, state = boundedjson.read_regular(path, MAX_BYTES)
+    if data is None:
+        return None, problem, state
     try:
         return parse_command(data), None, state
     except OrderRefused as exc:
         return None, str(exc), state
 
 
-class _Refusals:
-    """The file state last refused per order file, so that a file that stays bad is logged
-    once, not at every heartbeat or ``GET /v1/circuit``. Bounded: a few files per process."""
-
-    LIMIT = 64
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._last: dict[str, Hashable] = {}
-
-    def first(self, path: str, state: Hashable) -> bool:
-        with self._lock:
-            if path in self._last and self._last[path] == state:
-                return False
-            self._last.pop(path, None)
-            if len(self._last) >= self.LIMIT:
-                del self._last[next(iter(self._last))]
-            self._last[path] = state
-            return True
-
-    def forget(self, path: str) -> None:
-        with self._lock:
-            self._last.pop(path, None)
-
-
-_refusals = _Refusals()
+_refusals = boundedjson.Refusals()
 
 
 def read_command(path: Path) -> CircuitCommand | None:

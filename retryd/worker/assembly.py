@@ -200,7 +200,7 @@ def build_worker(
     strict = None
     if settings.strict_topics:
         reader = (reader_factory or new_consumer)(key_state_reader_config(settings))
-        strict = StrictOrder(settings, plan, reader, counts[settings.key_state_topic])
+        strict = StrictOrder(settings, plan, reader, counts[settings.key_state_topic], scheduler)
         log.info(
             "strict key order for %s: chain entries in %s (%d partitions)",
             ", ".join(sorted(settings.strict_topics)),
@@ -219,7 +219,9 @@ def build_worker(
         strict=strict,
         tracing=tracing,
     )
-    intake = Intake(book, plan, settings.group_id, settings.ordering, settler, faults, strict)
+    intake = Intake(
+        book, plan, settings.group_id, settings.ordering, settler, faults, scheduler, strict
+    )
     return Worker(
         WorkerParts(
             settings=settings,

@@ -45,6 +45,7 @@ from confluent_kafka import KafkaException, TopicPartition
 
 from retryd.errors import HungHandlersError, KafkaRuntimeError
 from retryd.worker.flow import flow_control
+from retryd.worker.lifecycle import ROUTING
 from retryd.worker.loop_pool import ASYNC_CANCEL_GRACE_S
 from retryd.worker.offsets import Committed
 from retryd.worker.partition import PartitionState
@@ -61,6 +62,7 @@ SETTLE_WAIT_S = 0.005
 # consumes nothing more (librdkafka keeps its own bounded prefetch) and lets the pool catch up.
 # Past this long it pauses every partition instead, so consume() keeps serving the group.
 THROTTLE_MAX_S = 1.0
+ROUTED_BOUND_S = 30.0  # a revoke waits this long for routed copies' acknowledgements
 
 
 def _now_ms() -> int:
@@ -143,7 +145,7 @@ class Worker:
             started = time.monotonic()
             intake.release_due(_now_ms())
             if strict is not None:
-                intake.release_strict(_now_ms())
+                intake.decide_strict(_now_ms())
             self._dispatch()
             batch: list[Any] = []
             if (
@@ -257,6 +259,8 @@ class Worker:
         Runs inside a revoke callback or at shutdown, never in the poll loop."""
         deadline = time.monotonic() + timeout_s
         while True:
+            if self.strict is not None:
+                self.intake.decide_strict(_now_ms())  # lane heads below a revoke's bound run
             self._settle_once()
             if done():
                 return True
@@ -298,11 +302,21 @@ class Worker:
                 sum(st.running for st in states),
                 calls_bound,
             )
-        remaining = self.router.flush(30)
-        self._settle_once()
-        if remaining:
+
+        # Every record of these partitions that is writing (a routed copy, or strict order's
+        # writes one after the other) finishes its writes, so release never drops one half
+        # written: a copy whose acknowledgement sends the next write is waited for too.
+        def writes_done() -> bool:
+            return not any(w.stage is ROUTING for st in states for w in st.pending)
+
+        if not self._settle_until(writes_done, ROUTED_BOUND_S):
+            writing = sum(1 for st in states for w in st.pending if w.stage is ROUTING)
             log.error(
-                "%s: %d routed copies undelivered; their inputs stay uncommitted", why, remaining
+                "%s: %d records' routed copies undelivered after %gs; their inputs stay "
+                "uncommitted",
+                why,
+                writing,
+                ROUTED_BOUND_S,
             )
         discarded = self._discard(states)
         if discarded:

@@ -21,7 +21,6 @@ the moment this worker first saw it, never freeze a tier partition.
 from __future__ import annotations
 
 import logging
-import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +38,7 @@ from retryd.worker.faults import Faults
 from retryd.worker.lifecycle import FAILED, QUEUED, SKIPPED, WAITING
 from retryd.worker.partition import NEVER, PartitionState
 from retryd.worker.reading import readable_headers
+from retryd.worker.scheduler import Scheduler
 from retryd.worker.settle import Settler
 from retryd.worker.work import Work, new_work
 
@@ -71,9 +71,11 @@ class Intake:
         ordering: Ordering,
         settler: Settler,
         faults: Faults,
+        scheduler: Scheduler,
         strict: StrictOrder | None = None,
     ) -> None:
         self.strict = strict  # key_order = strict (retryd.worker.strict)
+        self.scheduler = scheduler  # where strict lane heads are admitted once decided
         self.book = book
         self.plan = plan
         self.group = group
@@ -124,6 +126,7 @@ class Intake:
                     w.chain = None
                     w.steps = None
                     w.hold = False
+                    w.clean = False
                 if st.delay_ms is None:
                     if first_delay:
                         self._delayed(w, st, by_key, first_delay, now_ms)
@@ -311,12 +314,8 @@ class Intake:
     def _queue(self, w: Work, st: PartitionState, key: bytes | None) -> None:
         strict = self.strict
         if strict is not None and st.strict and key is not None:
-            if not st.is_tier:
-                w.stage = WAITING  # at its key's gate (release_strict decides it)
-                strict.admit(w, st, key)
-                return
-            if not self._strict_copy(w, key):
-                return
+            # a record of a strict key: decided when it heads its key's lane (WAITING)
+            strict.mark(w, key)
         ordering = self.ordering
         if ordering is Ordering.KEY:
             w.lock = (st, key)
@@ -327,55 +326,33 @@ class Intake:
         self._new.append(w)
 
     # ------------------------------------------------------------------ strict key order
-    def _strict_copy(self, w: Work, key: bytes) -> bool:
-        """A due tier copy under strict order: True when it runs now; otherwise it is parked
-        again, dropped as a duplicate or dead-lettered behind a dead-lettered head."""
-        strict = self.strict
-        assert strict is not None
-        now_ms = int(time.time() * 1000)
-        verdict = strict.decide_copy(w, key, now_ms)
-        if verdict is None or verdict is Verdict.RUN:
-            return True
-        stats = self.settler.stats
-        if verdict is Verdict.RUN_RELEASED:
-            stats.key_order["released"] += 1
-            return True
-        if verdict is Verdict.DUPLICATE:
-            w.stage = SKIPPED
-            stats.key_order["duplicate"] += 1
-            return False
-        w.lock = None
-        w.stage = FAILED
-        dead = DEAD_BLOCKED if verdict is Verdict.DEAD else None
-        self.settler.route(w, strict.park_route(w, now_ms, dead))
-        return False
-
-    def release_strict(self, now_ms: int) -> None:
-        """Read the key-state view, then decide the next record of every main-partition key
-        whose previous record settled (``retryd.worker.strict``): it runs, or is parked
-        behind its key's chain."""
+    def decide_strict(self, now_ms: int) -> None:
+        """Read the key-state view, then decide every strict lane head waiting for a verdict
+        (``retryd.worker.strict``): it runs, is parked behind its key's chain (keeping its
+        lane until the park is written), is dropped as a duplicate, or is dead-lettered behind
+        a dead-lettered head."""
         strict = self.strict
         if strict is None:
             return
-        strict.poll_view()
-        for gk, w in strict.heads():
-            st = gk[0]
-            chain = w.chain
-            if st.closing or chain is None or not strict.ready(st, chain):
-                continue
-            verdict = strict.decide_main(w, now_ms)
-            strict.taken(gk, w)
+        strict.tick(now_ms)
+        scheduler = self.scheduler
+        stats = self.settler.stats
+        for w, verdict in strict.heads(now_ms):
             if verdict is Verdict.RUN or verdict is Verdict.RUN_RELEASED:
                 if verdict is Verdict.RUN_RELEASED:
-                    self.settler.stats.key_order["released"] += 1
+                    stats.key_order["released"] += 1
                 w.stage = QUEUED
-                w.lock = gk
-                self._new.append(w)
-                continue
-            w.lock = None
-            w.stage = FAILED
-            dead = DEAD_BLOCKED if verdict is Verdict.DEAD else None
-            self.settler.route(w, strict.park_route(w, now_ms, dead))
+                scheduler.admit(w)
+            elif verdict is Verdict.DUPLICATE:
+                w.stage = SKIPPED
+                stats.key_order["duplicate"] += 1
+                scheduler.release(w)
+            else:
+                w.stage = FAILED
+                dead = DEAD_BLOCKED if verdict is Verdict.DEAD else None
+                self.settler.route(w, strict.park_route(w, now_ms, dead))
+        for step in strict.take_side_writes():
+            self.settler.side_write(step)
 
     def works(self) -> list[Work]:
         """The records queued since the last call, in consumption order."""

@@ -52,7 +52,7 @@ from collections.abc import Callable, Hashable, Iterable
 from typing import TYPE_CHECKING
 
 from retryd.policy.classify import Outcome
-from retryd.worker.lifecycle import DISCARDED, FAILED, QUEUED, SUCCEEDED
+from retryd.worker.lifecycle import DISCARDED, FAILED, QUEUED, SUCCEEDED, WAITING
 
 if TYPE_CHECKING:
     from retryd.worker.work import Work
@@ -78,6 +78,8 @@ class Scheduler:
         self._signal.acquire()
         self._want = False
         self._low = 0
+        # strict key order: lane heads to decide before they may run (retryd.worker.strict)
+        self.decisions: deque[Work] = deque()
         self.gate_open = True  # False: the circuit is not closed; only the probe may start
         self.failing = 0  # retryable failures in a row, as slots finished them
         self.probe: Work | None = None  # the record offered as the probe, not yet taken
@@ -152,6 +154,8 @@ class Scheduler:
                 tail = tails.get(key)
                 if tail is not None:
                     tail.next = w
+                elif w.stage is WAITING:  # strict key order: decided first
+                    self.decisions.append(w)
                 else:
                     append(w)
                     made_ready += 1
@@ -192,7 +196,18 @@ class Scheduler:
         nxt = w.next
         if nxt is not None:
             w.next = None  # released once: a record that runs again releases nothing
-            into(nxt)
+            if nxt.stage is WAITING:  # strict key order: the next record is decided first
+                if w.clean and w.stage is SUCCEEDED:
+                    # decided to run with no chain entry, and it succeeded: the key still has
+                    # no entry (only a failure or a park adds one), so the next one runs too
+                    nxt.clean = True
+                    nxt.hold = False
+                    nxt.stage = QUEUED
+                    into(nxt)
+                else:
+                    self.decisions.append(nxt)
+            else:
+                into(nxt)
         elif self._tails.get(key) is w:
             del self._tails[key]
 
@@ -265,6 +280,11 @@ class Scheduler:
                 return False
             return hold(w)
 
+    def admit(self, w: Work) -> None:
+        """A decided lane head (strict key order) may run: to the back of the ready queue."""
+        with self.lock:
+            self.ready.append(w)
+
     def requeue(self, works: list[Work]) -> None:
         """Lane heads that go back in line to run again, at the front, in the given order:
         records a hung slot took but never started, calls cut off with an abandoned loop,
@@ -290,6 +310,11 @@ class Scheduler:
             tails = self._tails
             for key in [k for k, w in tails.items() if w.part in gone]:
                 del tails[key]
+            decisions = self.decisions
+            if any(w.part in gone for w in decisions):
+                kept = [w for w in decisions if w.part not in gone]
+                decisions.clear()
+                decisions.extend(kept)
             probe = self.probe
             if probe is not None and probe.part in gone:
                 self.probe = None

@@ -50,12 +50,13 @@ from retryd.worker.lifecycle import (
 )
 from retryd.worker.partition import PartitionState
 from retryd.worker.reading import readable_headers
-from retryd.worker.router import Router
+from retryd.worker.router import Report, Router
 from retryd.worker.scheduler import Scheduler
+from retryd.worker.strict import SideWrite, Step
 from retryd.worker.work import Work
 
 if TYPE_CHECKING:
-    from retryd.worker.strict import Step, StrictOrder
+    from retryd.worker.strict import StrictOrder
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +143,6 @@ class Settler:
                 outcome = w.result.outcome if w.result is not None else None
                 if outcome is Outcome.SUCCESS or outcome is Outcome.DROP:
                     self._strict_success(w)  # its chain entry goes before it settles
-                    self.scheduler.release(w)
                     continue
             route = self._plan(w, now_ms)
             if self._traced:
@@ -153,7 +153,8 @@ class Settler:
                 error_class = w.result.error_class if w.result is not None else None
                 log.info("%s dead-lettered (%s): %s", w.where, route.dead_reason, error_class)
             self.route(w, route)
-            self.scheduler.release(w)  # moved on: the next record of its key may start
+            if not (w.part.strict and w.chain is not None):  # (strict: once its writes are done)
+                self.scheduler.release(w)  # moved on: the next record of its key may start
         return n
 
     def _plan(self, w: Work, now_ms: int) -> Route:
@@ -288,11 +289,29 @@ class Settler:
         reports = router.reports
         while reports:
             report = reports.popleft()
-            w: Work = report.context
-            if report.error is None:
+            w = report.context
+            if type(w) is SideWrite:
+                self._side_written(w, report)
+            elif report.error is None:
                 self._acked(w, report.route, report.partition, report.offset)
             else:
                 self._refused(w, report.route, report.error)
+
+    def side_write(self, step: Step) -> None:
+        """A state write that settles no record (strict order's orphan tombstones)."""
+        assert step.key is not None
+        self.router.send(step.route, step.key, step.value, step.partition, SideWrite(step.key))
+
+    def _side_written(self, write: SideWrite, report: Report) -> None:
+        assert self.strict is not None
+        if report.error is not None:
+            log.warning(
+                "key-state tombstone of an orphaned entry not written (%s); the next sweep "
+                "tries again",
+                report.error.str(),
+            )
+        if self.strict.side_acked(write.key, None if report.error else report.offset):
+            self.stats.key_order["orphan_removed"] += 1
 
     def _acked(self, w: Work, route: Route, partition: int, offset: int) -> None:
         """The broker acknowledged ``w``'s copy (acks=all): ``w`` is done."""
@@ -301,7 +320,8 @@ class Settler:
             target.known_end = offset + 1
         strict = self.strict
         if strict is not None and w.part.strict and w.steps:
-            strict.acked(route, partition, offset)
+            step = w.steps[0]
+            strict.acked(route, step.key, step.value, offset)  # a state write: into the view
             if w.stage is not ROUTING:
                 return  # discarded meanwhile: its next owner redoes it
             w.steps.pop(0)
@@ -311,6 +331,7 @@ class Settler:
             w.steps = None
             if self.lifecycle.acked(w):
                 self._count_strict(w)
+                self.scheduler.release(w)  # every write done: the key's next record is decided
             return
         if not self.lifecycle.acked(w):
             return  # discarded while its copy was in flight, or settled when sent (exactly-once)

@@ -1,32 +1,45 @@
 """``key_order = strict`` in the engine; the policy and its reasons are in
-``retryd.policy.key_order``. Everything here runs on the poll thread.
+``retryd.policy.key_order``, the view in ``retryd.policy.chain_view``. Everything here runs on
+the poll thread. The engine sees a small interface: ``assigned``/``forget`` (assignments),
+``mark`` (a record of a strict key comes in), ``heads`` (lane heads decided now),
+``steps_for``/``success_steps``/``acked`` (the writes that settle a strict record), ``tick``
+(the view, late watermarks, orphans), ``gauges``, ``busy`` and ``close``.
 
-The parts:
+How a strict record moves:
 
-- **The view.** A second consumer, in no group, is assigned every partition of the key-state
-  topic from its beginning and keeps ``ChainView`` current (``poll_view``, every iteration).
-- **Gates (main partitions).** With ``ordering=key`` the scheduler lets a key's next record
-  start when the previous *call* ends, before a failed one is routed and its chain entry
-  written. Under strict order the records of a key on a main partition pass a gate instead:
-  one at a time, the next one decided only once the previous one is *settled* (its success,
-  or its chain entry and routed copy acknowledged) and the view has read the state partition
-  up to this worker's own last write there. A record held at the gate is ``WAITING`` (a
-  revoke neither runs nor waits for it; its next owner redoes it).
+- **Lanes decide order, the chain decides whether to run.** Records of a strict key share a
+  key lane in the scheduler, like ``ordering=key``. A record that becomes the head of its lane
+  is *undecided* (``WAITING``): the scheduler hands it here (``Scheduler.decisions``) instead
+  of making it ready, and ``heads`` gives its verdict (run, park, duplicate, dead) from the
+  view. One exception keeps the success path at slot speed: a record whose predecessor in the
+  lane *succeeded* after being decided to run with no chain entry for its key inherits that
+  verdict on the slot (``Work.clean``), since only this worker adds entries for the keys of its
+  main partitions, and only through a failure or a park, which the slot never settles.
 - **Catch-up.** After an assignment of a main partition nothing of it is decided before the
   view has read every state partition up to the high watermarks read at assignment time: the
-  previous owner's entries are all seen.
+  previous owner's entries are all seen. A watermark that cannot be read is read again (at most
+  once a second) until it is; until then that partition's keys wait.
 - **Steps.** A strict record settles through a short list of writes made in order, each
-  acknowledged (acks=all) before the next is sent (``Settler``): a failure on a main topic
-  adds the entry, then routes the copy; a park adds the entry (kind ``parked``), then routes
-  the copy; a dead letter routes the copy, then removes the entry (a crash between the two
-  redoes the record, never loses it); a success of a record whose entry exists removes it.
+  acknowledged (acks=all) before the next is sent (``Settler``), all within the record's
+  ``ROUTING`` stage, which a revoke waits for: a failure on a main topic adds the entry (and
+  removes stale dead markers below it), then routes the copy; a park adds the entry (kind
+  ``parked``), then routes the copy; a dead letter routes the copy, then removes the entry (a
+  crash between the two redoes the record, never loses it); a success of a record whose entry
+  exists removes it. The record keeps its key's lane until the last write is acknowledged.
+- **Write-through.** An acknowledged state write is applied to the view at once, with its
+  offset as version (``ChainView``), so the next record of the key is decided without waiting
+  to read it back: parked copies of a key that come due together run one after the other at
+  handler speed instead of being parked again.
+- **Orphans.** Every ``SWEEP_S`` an entry older than ``key_order_max_blocked_s`` whose origin
+  partition this worker owns, below that partition's stored offset, is removed (a tombstone,
+  counted as ``orphan_removed``). A copy whose entry was removed that way runs when it comes
+  back (its entry is older than the cap) instead of being dropped as a duplicate.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections import deque
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
@@ -34,29 +47,16 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from retryd.config import Settings
 from retryd.policy import key_order as ko
-from retryd.policy.headers import (
-    DEAD_REASON,
-    ERROR_CLASS,
-    ERROR_MESSAGE,
-    FIRST_FAILURE_TIMESTAMP,
-    GROUP,
-    ORIGINAL_OFFSET,
-    ORIGINAL_PARTITION,
-    ORIGINAL_TIMESTAMP,
-    ORIGINAL_TOPIC,
-    RETRY_NUMBER,
-    RETRY_TIMESTAMP,
-    ROUTE,
-    header_value,
-    truncate_utf8,
-    user_headers,
-)
-from retryd.policy.key_order import ChainView, Verdict
+from retryd.policy.chain_view import ChainView
+from retryd.policy.headers import header_value
+from retryd.policy.key_order import Verdict
 from retryd.policy.routing import Route
 from retryd.policy.sequence import RetryPlan
-from retryd.worker.lifecycle import ACKED, DISCARDED, SKIPPED, SUCCEEDED
+from retryd.worker.lifecycle import WAITING
 from retryd.worker.partition import PartitionState
 from retryd.worker.reading import readable_headers
+from retryd.worker.scheduler import Scheduler
+from retryd.worker.strict_routes import park_route
 from retryd.worker.work import Work
 
 log = logging.getLogger(__name__)
@@ -64,8 +64,9 @@ log = logging.getLogger(__name__)
 VIEW_BATCH = 1000
 VIEW_MAX_BATCHES = 20  # per iteration: the view never starves the loop
 WATERMARK_TIMEOUT_S = 10.0
-
-GateKey = tuple[PartitionState, bytes]
+WATERMARK_RETRY_S = 1.0
+SWEEP_S = 60.0
+SWEEP_MAX = 1000  # orphan tombstones per sweep
 
 
 class Step(NamedTuple):
@@ -79,9 +80,20 @@ class Step(NamedTuple):
     copy: bool
 
 
+class SideWrite(NamedTuple):
+    """A state write that settles no record (an orphan's tombstone): the router's context."""
+
+    key: bytes
+
+
 class StrictOrder:
     def __init__(
-        self, settings: Settings, plan: RetryPlan, reader: Any, state_partitions: int
+        self,
+        settings: Settings,
+        plan: RetryPlan,
+        reader: Any,
+        state_partitions: int,
+        scheduler: Scheduler,
     ) -> None:
         self.group = settings.group_id
         self.topics = settings.strict_topics
@@ -90,20 +102,22 @@ class StrictOrder:
         cap = settings.key_order_max_blocked_s
         self.cap_ms: int | None = int(cap * 1000) if cap > 0 else None
         self.on_dead_letter = settings.key_order_on_dead_letter
-        self.view = ChainView(settings.key_order_max_entries)
+        self.view = ChainView(settings.key_order_max_entries, group=self.group)
         self.reader = reader
+        self.scheduler = scheduler
         first = plan.next_destination(0)
         self.park_topic = first.topic if not first.is_dead else plan.failed_topic
         self.park_delay_ms = first.delay_ms or 0
         self.failed_topic = plan.failed_topic
-        self.gates: dict[GateKey, deque[Work]] = {}
-        self.outstanding: dict[GateKey, Work] = {}  # each gate's record being handled
-        self.open: set[GateKey] = set()  # gates whose next record may be decided
-        self.targets: dict[PartitionState, dict[int, int]] = {}  # catch-up after assignment
-        self.written: dict[int, int] = {}  # state partition -> one past our last write
-        self.counts: dict[str, int] = {"parked": 0, "released": 0, "duplicate": 0, "dead": 0}
+        # catch-up after assignment: main partition -> state partition ends (None: unknown)
+        self.targets: dict[PartitionState, dict[int, int] | None] = {}
+        self.mains: dict[tuple[str, int], PartitionState] = {}  # strict main partitions owned
+        self.waiting: list[Work] = []  # lane heads that cannot be decided yet
+        self.side_inflight = 0  # orphan tombstones not acknowledged yet
         self._state_route = Route(self.state_topic, [], 0, 0, None, None)
-        self._group_header = (GROUP, self.group.encode())
+        self._watermarks_at = 0.0
+        self._swept_at = time.monotonic()
+        self.pending_side: list[Step] = []  # orphan tombstones the last sweep decided
         reader.assign(
             [TopicPartition(self.state_topic, p, -2) for p in range(state_partitions)]
         )  # -2: OFFSET_BEGINNING
@@ -128,11 +142,20 @@ class StrictOrder:
                     else:
                         log.warning("key-state reader: %s", err)
                     continue
-                view.apply(raw.key(), raw.value())
-                positions[raw.partition()] = raw.offset() + 1
+                offset = raw.offset()
+                view.apply(raw.key(), raw.value(), offset)
+                positions[raw.partition()] = offset + 1
                 applied += 1
         return applied
 
+    def tick(self, now_ms: int) -> None:
+        """Once per iteration: read the view; now and then, remove orphaned entries."""
+        self.poll_view()
+        if self.cap_ms is not None and time.monotonic() - self._swept_at >= SWEEP_S:
+            self._swept_at = time.monotonic()
+            self._sweep(now_ms)
+
+    # ------------------------------------------------------------------ assignments
     def assigned(self, states: Iterable[PartitionState]) -> None:
         """Mark new assignments; a strict main partition waits for the view to read every
         state partition to its current end."""
@@ -143,27 +166,61 @@ class StrictOrder:
             elif st.topic in self.topics:
                 st.strict = True
                 mains.append(st)
-        if not mains:
-            return
+                self.mains[(st.topic, st.partition)] = st
+        if mains:
+            ends = self._ends()
+            for st in mains:
+                self.targets[st] = ends
+
+    def _ends(self) -> dict[int, int] | None:
+        """Every state partition's high watermark; None when one cannot be read now."""
+        self._watermarks_at = time.monotonic()
         ends: dict[int, int] = {}
         for p in range(self.partitions):
             try:
                 _low, high = self.reader.get_watermark_offsets(
                     TopicPartition(self.state_topic, p), timeout=WATERMARK_TIMEOUT_S, cached=False
                 )
-            except KafkaException as exc:  # decided later, after the next assignment's read
-                log.warning("key-state topic %s[%d]: no watermark (%s)", self.state_topic, p, exc)
-                high = 2**62
+            except KafkaException as exc:
+                log.warning(
+                    "key-state topic %s[%d]: no watermark (%s); its keys wait, asked again in %gs",
+                    self.state_topic,
+                    p,
+                    exc,
+                    WATERMARK_RETRY_S,
+                )
+                return None
             ends[p] = high
-        for st in mains:
-            self.targets[st] = ends
+        return ends
+
+    def _caught_up(self, st: PartitionState, chain: bytes) -> bool:
+        if st not in self.targets:
+            return True
+        target = self.targets[st]
+        if target is None:
+            if time.monotonic() - self._watermarks_at < WATERMARK_RETRY_S:
+                return False
+            target = self._ends()
+            if target is None:
+                return False
+            for other, known in self.targets.items():
+                if known is None:
+                    self.targets[other] = target
+        view = self.view
+        if view.positions.get(self.partition_of(chain), 0) < target.get(
+            self.partition_of(chain), 0
+        ):
+            return False
+        if view.caught_up(target):
+            del self.targets[st]
+        return True
 
     def forget(self, st: PartitionState) -> None:
         self.targets.pop(st, None)
-        for gk in [gk for gk in self.gates if gk[0] is st]:
-            del self.gates[gk]
-            self.outstanding.pop(gk, None)
-            self.open.discard(gk)
+        if self.mains.get((st.topic, st.partition)) is st:
+            del self.mains[(st.topic, st.partition)]
+        if self.waiting:
+            self.waiting = [w for w in self.waiting if w.part is not st]
 
     def chain_of(self, topic: str, key: bytes) -> bytes:
         return ko.chain_id(self.group, topic, key)
@@ -171,80 +228,64 @@ class StrictOrder:
     def partition_of(self, chain: bytes) -> int:
         return ko.state_partition(chain, self.partitions)
 
-    # ------------------------------------------------------------------ main-partition gates
-    def admit(self, w: Work, st: PartitionState, key: bytes) -> None:
-        """A main-topic record of a strict key: it waits at its key's gate."""
-        gk = (st, key)
-        gate = self.gates.get(gk)
-        if gate is None:
-            gate = self.gates[gk] = deque()
-            self.open.add(gk)
-        gate.append(w)
-        w.chain = self.chain_of(st.topic, key)
-
-    def ready(self, st: PartitionState, chain: bytes) -> bool:
-        """May a record of ``chain`` on ``st`` be decided now (the view has caught up)?"""
-        if self.view.full:
+    # ------------------------------------------------------------------ records in
+    def mark(self, w: Work, key: bytes) -> bool:
+        """A record of a strict partition becomes runnable: True (and ``WAITING``: to be
+        decided when it heads its lane) when it keeps its key's order, False for a tier copy
+        that keeps none (not a strict topic's)."""
+        env = w.env
+        topic = w.msg.topic if env is None else env.original_topic
+        if env is not None and topic not in self.topics:
             return False
-        p = self.partition_of(chain)
-        position = self.view.positions.get(p, 0)
-        target = self.targets.get(st)
-        if target is not None:
-            if position < target.get(p, 0):
-                return False
-            if self.view.caught_up(target):
-                del self.targets[st]
-        return position >= self.written.get(p, 0)
+        w.chain = self.chain_of(topic, key)
+        w.hold = False
+        w.clean = False
+        w.stage = WAITING
+        return True
 
-    def heads(self) -> list[tuple[GateKey, Work]]:
-        """Gates whose previous record settled: their next record, to be decided. A gate
-        whose record was discarded (its assignment released) is dropped."""
+    def heads(self, now_ms: int) -> list[tuple[Work, Verdict]]:
+        """The lane heads decidable now, with their verdicts (the others wait)."""
+        decisions = self.scheduler.decisions
+        pending = self.waiting
+        self.waiting = []
+        while decisions:
+            pending.append(decisions.popleft())
         out = []
-        for gk, w in list(self.outstanding.items()):
-            stage = w.stage
-            if stage is SUCCEEDED or stage is ACKED or stage is SKIPPED:
-                del self.outstanding[gk]
-                self.open.add(gk)
-            elif stage is DISCARDED:
-                self.forget(gk[0])
-        for gk in list(self.open):
-            gate = self.gates.get(gk)
-            if not gate:
-                self.open.discard(gk)
-                self.gates.pop(gk, None)
-                continue
-            out.append((gk, gate[0]))
+        for w in pending:
+            if w.stage is not WAITING:
+                continue  # discarded with its assignment
+            st = w.part
+            if not st.may_start(w.offset):
+                continue  # a revoke closed it: its next owner decides
+            verdict = self._decide(w, now_ms)
+            if verdict is None:
+                self.waiting.append(w)
+            else:
+                out.append((w, verdict))
         return out
 
-    def taken(self, gk: GateKey, w: Work) -> None:
-        """``w`` (its gate's head) was decided: it is the gate's record until it settles."""
-        gate = self.gates[gk]
-        gate.popleft()
-        self.open.discard(gk)
-        self.outstanding[gk] = w
-
-    def decide_main(self, w: Work, now_ms: int) -> Verdict:
+    def _decide(self, w: Work, now_ms: int) -> Verdict | None:
         chain = w.chain
         assert chain is not None
-        entries = self.view.get(chain)
-        verdict = ko.decide(entries, w.offset, now_ms, is_copy=False, max_blocked_ms=self.cap_ms)
-        # a record consumed again whose entry exists (a crash before its input was
-        # committed), or one behind dead markers only: its success removes them
-        w.hold = bool(entries) and (
-            w.offset in entries  # type: ignore[operator]
-            or any(e.kind == ko.KIND_DEAD for e in entries.values())  # type: ignore[union-attr]
-        )
-        return verdict
-
-    # ------------------------------------------------------------------ tier copies
-    def decide_copy(self, w: Work, key: bytes | None, now_ms: int) -> Verdict | None:
-        """The verdict for a due tier copy; None when it keeps no order (not a strict
-        topic's, or no key)."""
+        view = self.view
+        entries = view.get(chain)
         env = w.env
-        if env is None or key is None or env.original_topic not in self.topics:
-            w.chain = None
-            return None
-        chain = w.chain = self.chain_of(env.original_topic, key)
+        if env is None:  # a main-topic record
+            if not self._caught_up(w.part, chain):
+                return None
+            verdict = ko.decide(
+                entries, w.offset, now_ms, is_copy=False, max_blocked_ms=self.cap_ms
+            )
+            if verdict is Verdict.PARK and view.full:
+                return None  # parking adds an entry: wait until the view has room
+            # its success removes its own entry (a record consumed again after a crash) or the
+            # dead markers it runs behind
+            w.hold = bool(entries) and (
+                w.offset in entries  # type: ignore[operator]
+                or any(e.kind == ko.KIND_DEAD for e in entries.values())  # type: ignore[union-attr]
+            )
+            w.clean = verdict is Verdict.RUN and not entries
+            return verdict
         w.hold = True
         headers, _ = readable_headers(w.msg)
         try:
@@ -252,71 +293,27 @@ class StrictOrder:
         except Exception:
             since = None
         return ko.decide(
-            self.view.get(chain),
+            entries,
             env.original_offset,
             now_ms,
             is_copy=True,
-            removed=self.view.removed(chain, env.original_offset),
+            removed=view.removed(chain, env.original_offset),
             parked_since_ms=since,
             max_blocked_ms=self.cap_ms,
+            entered_ms=since or env.first_failure_timestamp,
         )
 
     # ------------------------------------------------------------------ routes and steps
     def park_route(self, w: Work, now_ms: int, dead_reason: str | None = None) -> Route:
-        """The copy of a record parked (again) behind its key's chain, or dead-lettered behind
-        a dead-lettered head: retry number unchanged, ``retryd_parked`` = first park time."""
-        source, _ = readable_headers(w.msg)
-        env = w.env
-        if env is None:  # a main-topic record: its own origin
-            msg = w.msg
-            raw = w.raw
-            timestamp = raw.timestamp()[1] if raw is not None else msg.timestamp
-            origin = (msg.topic, msg.partition, w.offset, timestamp if timestamp > 0 else 0)
-            number, first_failure, route_name = 0, None, None
-            error_class: str | None = None
-            error_message: str | None = None
-            since = now_ms
-        else:
-            origin = (
-                env.original_topic,
-                env.original_partition,
-                env.original_offset,
-                env.original_timestamp,
-            )
-            number = env.retry_number
-            first_failure = env.first_failure_timestamp
-            error_class, error_message = env.error_class, env.error_message
-            route_name = env.route
-            try:
-                since = ko.parked_since(header_value(source, ko.PARKED)) or now_ms
-            except Exception:
-                since = now_ms
-        headers = user_headers(source) if source else []
-        append = headers.append
-        append((RETRY_NUMBER, b"%d" % number))
-        if dead_reason is None:
-            topic, due = self.park_topic, now_ms + self.park_delay_ms
-            append((RETRY_TIMESTAMP, b"%d" % due))
-        else:
-            topic, due = self.failed_topic, None
-        append((ORIGINAL_TOPIC, origin[0].encode("utf-8", errors="replace")))
-        append((ORIGINAL_PARTITION, b"%d" % origin[1]))
-        append((ORIGINAL_OFFSET, b"%d" % origin[2]))
-        append((ORIGINAL_TIMESTAMP, b"%d" % origin[3]))
-        if first_failure is not None or dead_reason is not None:
-            append((FIRST_FAILURE_TIMESTAMP, b"%d" % (first_failure or now_ms)))
-        if error_class is not None:
-            append((ERROR_CLASS, truncate_utf8(error_class, 256)))
-        if error_message is not None:
-            append((ERROR_MESSAGE, truncate_utf8(error_message)))
-        if dead_reason is not None:
-            append((DEAD_REASON, dead_reason.encode("ascii")))
-        append(self._group_header)
-        if route_name:
-            append((ROUTE, route_name.encode("ascii", errors="replace")))
-        if dead_reason is None:
-            append((ko.PARKED, b"%d" % since))
-        return Route(topic, headers, now_ms, number, due, dead_reason)
+        return park_route(
+            w,
+            now_ms,
+            self.park_topic,
+            self.park_delay_ms,
+            self.failed_topic,
+            self.group,
+            dead_reason,
+        )
 
     def _write(self, chain: bytes, offset: int, value: bytes | None) -> Step:
         return Step(
@@ -327,7 +324,8 @@ class StrictOrder:
             False,
         )
 
-    def origin_offset(self, w: Work) -> int:
+    @staticmethod
+    def origin_offset(w: Work) -> int:
         env = w.env
         return w.offset if env is None else env.original_offset
 
@@ -341,7 +339,9 @@ class StrictOrder:
             return [copy, *self._release(chain, offset, dead=True)]
         if w.env is None:  # a main-topic record enters the chain: its entry first
             kind = ko.KIND_FAILED if w.result is not None else ko.KIND_PARKED
-            return [self._write(chain, offset, ko.encode_entry(now_ms, kind)), copy]
+            add = self._write(chain, offset, ko.encode_entry(now_ms, kind, w.msg.partition))
+            stale = ko.after_failure(self.view.get(chain), offset)
+            return [add, *(self._write(chain, m, None) for m in stale), copy]
         return [copy]  # a tier copy moves on: its entry stays
 
     def success_steps(self, w: Work) -> list[Step]:
@@ -355,18 +355,62 @@ class StrictOrder:
             kind, markers = ko.after_dead_letter(entries, offset, self.on_dead_letter)
         else:
             kind, markers = None, ko.after_success(entries, offset)
-        value = ko.encode_entry(int(time.time() * 1000), kind) if kind is not None else None
+        value = None
+        if kind is not None:
+            own = entries.get(offset) if entries else None
+            value = ko.encode_entry(
+                int(time.time() * 1000), kind, own.partition if own is not None else None
+            )
         return [self._write(chain, offset, value), *(self._write(chain, m, None) for m in markers)]
 
-    def acked(self, route: Route, partition: int, offset: int) -> None:
-        if route.topic == self.state_topic and offset + 1 > self.written.get(partition, 0):
-            self.written[partition] = offset + 1
+    def acked(self, route: Route, key: bytes | None, value: bytes | None, offset: int) -> None:
+        """A write was acknowledged at ``offset``: a state write goes into the view now."""
+        if route.topic == self.state_topic:
+            self.view.apply(key, value, offset)
+
+    # ------------------------------------------------------------------ orphans
+    def _sweep(self, now_ms: int) -> None:
+        """Remove entries past the cap whose record this worker's partitions have settled."""
+        assert self.cap_ms is not None
+        if self.side_inflight:
+            return  # the last sweep's tombstones are not all acknowledged yet
+        writes = []
+        for chain, entry in self.view.older_than(now_ms - self.cap_ms):
+            if entry.partition is None:
+                continue  # written before entries named their partition: not known here
+            try:
+                topic = ko.decode_entry_key(ko.entry_key(chain, 0)).topic
+            except ValueError:
+                continue
+            st = self.mains.get((topic, entry.partition))
+            if st is None or st.stored is None or entry.offset >= st.stored:
+                continue  # not ours, or its record may still be in flight here
+            writes.append(self._write(chain, entry.offset, None))
+            if len(writes) >= SWEEP_MAX:
+                break
+        self.pending_side = writes
+
+    def take_side_writes(self) -> list[Step]:
+        """The orphan tombstones the last sweep decided (sent by the settler)."""
+        writes = self.pending_side
+        self.pending_side = []
+        self.side_inflight += len(writes)
+        return writes
+
+    def side_acked(self, key: bytes, offset: int | None) -> bool:
+        """An orphan tombstone was acknowledged (``offset``; True) or refused (None: the next
+        sweep tries again)."""
+        self.side_inflight = max(0, self.side_inflight - 1)
+        if offset is None:
+            return False
+        self.view.apply(key, None, offset)
+        return True
 
     # ------------------------------------------------------------------ observability
     @property
     def busy(self) -> bool:
-        """Gates to decide: the poll thread should come back soon."""
-        return bool(self.open) or bool(self.outstanding)
+        """Heads to decide: the poll thread should come back soon."""
+        return bool(self.waiting) or bool(self.scheduler.decisions)
 
     def gauges(self, now_ms: int) -> tuple[int, int, float]:
         return self.view.stats(now_ms)
@@ -376,3 +420,6 @@ class StrictOrder:
             self.reader.close()
         except Exception as exc:  # closing is best effort
             log.debug("key-state reader close: %s", exc)
+
+
+__all__ = ["SideWrite", "Step", "StrictOrder"]

@@ -25,6 +25,7 @@ class Work:
     __slots__ = (
         "attempt",
         "chain",
+        "clean",
         "due",
         "hold",
         "lock",
@@ -58,6 +59,7 @@ class Work:
     chain: bytes | None  # the key's chain id (None: the record keeps no order through retries)
     steps: list[Any] | None  # writes still to make before the record settles (in order)
     hold: bool  # a success settles through the poll thread (its chain entry is removed first)
+    clean: bool  # decided to run with no chain entry: a success hands that verdict on
 
     @property
     def topic(self) -> str:

@@ -126,3 +126,18 @@ def test_replay_cli_accepts_routed_and_checks_the_topic() -> None:
     assert other.exit_code == 2, other.output
     assert "--topic" in other.output and "not a dead-letter topic" in other.output
     assert "orders.failed, orders.declined" in other.output
+
+
+def test_the_key_state_topic_is_never_a_replay_target() -> None:
+    """Issue 23, item 11: a record replayed into strict order's key-state topic would be read
+    as a chain entry by every worker (or skipped as malformed), never handled."""
+    s = settings(replay_allowlist=["orders", "retryd_key_state"])
+    reserved = reserved_topics(s)
+    assert reserved[s.key_state_topic] == "the key-state topic (key_order = strict)"
+    policy = TargetPolicy({}, s.replay_allowlist, reserved=reserved)
+    try:
+        assert policy.allowed == {"orders"}
+        with pytest.raises(TargetReserved, match="key-state topic"):
+            policy.require_allowed(s.key_state_topic)
+    finally:
+        policy.close()
