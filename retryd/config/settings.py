@@ -483,7 +483,19 @@ class Settings(BaseSettings):
             min_keys=self.circuit_min_keys,
             probe_initial_s=self.circuit_probe_s,
             probe_max_s=self.circuit_probe_max_s,
+            confirm_probe_s=self._first_retry_s(),
         )
+
+    def _first_retry_s(self) -> float | None:
+        """The first tier's delay (seconds), if the sequence has a tier: how soon a failed
+        record is retried by its tier anyway."""
+        try:
+            first = self.plan.next_destination(0)
+        except SequenceError:
+            return None
+        if first.is_dead or not first.delay_ms:
+            return None
+        return first.delay_ms / 1000
 
     def plan_topics_or_empty(self) -> list[str]:
         try:

@@ -9,7 +9,7 @@ failures over a sliding window of recent calls **and the distinct keys they came
   when, over the last ``window_calls`` calls of the last ``window_s`` seconds, retryable
   failures are at least ``failure_ratio`` of the calls, at least ``min_failures`` in number
   and come from at least ``min_keys`` distinct keys. One key failing forever never opens it.
-- **open**: no call starts (the engine pauses every partition and keeps polling); calls in
+- **open**: no call starts (the engine pauses the main topics and keeps polling); calls in
   flight finish, and a retryable failure is *held*: the record stays unsettled where it was
   and runs again once the circuit closes, instead of moving on because of the outage.
 - **half-open**: after a probe interval (exponential with jitter, capped) exactly one call
@@ -86,6 +86,9 @@ class BreakerPolicy:
     probe_factor: float = 2.0
     probe_jitter: float = 0.2
     evidence_s: float = 10.0  # how recent a retried call's outcome must be to count
+    # the first probe after a failed confirmation: no later than the first retry would run
+    # (a record retried by its tier is the evidence a rerun in place may not give)
+    confirm_probe_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.window_calls < 1 or self.window_s <= 0:
@@ -344,6 +347,10 @@ class Breaker:
         self.last_error = error[:ERROR_MAX]
         if self.confirming:
             self._open(now_ms, f"{self.reason}; {why}", fresh=True)
+            first = self.policy.confirm_probe_s
+            if first is not None and first < self.interval_s:
+                self.interval_s = first
+                self._schedule_probe(now_ms)
             return
         self.interval_s = min(self.interval_s * self.policy.probe_factor, self.policy.probe_max_s)
         self._open(now_ms, why, fresh=False)
@@ -404,10 +411,13 @@ class Breaker:
         self.confirming = False
         if fresh:
             self.interval_s = self.policy.probe_initial_s
+        self._schedule_probe(now_ms)
+        self._set(CircuitState.OPEN, now_ms, why)
+
+    def _schedule_probe(self, now_ms: int) -> None:
         jitter = self.policy.probe_jitter
         interval = self.interval_s * (1 + jitter * (2 * self._draw() - 1))
         self.next_probe_ms = now_ms + max(1, int(interval * 1000))
-        self._set(CircuitState.OPEN, now_ms, why)
 
     def _set(self, state: CircuitState, now_ms: int, why: str) -> None:
         if state is not self.state:

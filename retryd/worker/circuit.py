@@ -4,8 +4,9 @@
 
 - **who may start**: the scheduler's gate is shut while the circuit is not closed (records
   stay ready, in order) and lets exactly the probe through when it is half-open;
-- **what is fetched**: every partition (main topics and tiers) is paused while it is open;
-  the loop keeps polling, so the group membership is kept;
+- **what is fetched**: every main-topic partition is paused while it is open (the loop keeps
+  polling, so the group membership is kept); tier partitions keep fetching, bounded by their
+  buffers, so that records their tiers retry are there to be probed when they come due;
 - **where a failed record goes**: while the circuit is not closed, a retryable failure is
   *held* (``Lifecycle.hold``: FAILED → QUEUED) instead of being routed. The record stays
   unsettled in its partition, so its offset is not committed, and it keeps its key's lane in
@@ -17,10 +18,11 @@
 
 **The probe is owned here**, from choice to verdict:
 
-- *chosen* among held records that already failed, the oldest of a key whose probe has not
-  failed yet in this outage; when every held key failed a probe, a record that never ran is
-  taken from the ready queue instead, then the key with the fewest failed probes. So a few
-  poison keys cannot keep the circuit open after the service recovered;
+- *chosen* among records that already failed, of a key whose probe has not failed yet in this
+  outage: a tier record due here (a real retry), else the oldest held record; when every such
+  key failed a probe, a record that never ran is taken from the ready queue instead, then the
+  key with the fewest failed probes. So a few poison keys cannot keep the circuit open after
+  the service recovered, and a handler that fails every first attempt is probed with a retry;
 - *offered* to the scheduler's shut gate as the one record that may start;
 - *judged*: an answer closes the circuit, a retryable failure opens it again, and no verdict
   by its deadline (``probe_timeout_s``: the longest call plus the async cancel grace) counts
@@ -42,7 +44,7 @@ from retryd.policy.headers import DEAD_EXHAUSTED
 from retryd.runtime.circuit_control import CommandReader
 from retryd.worker.book import PartitionBook
 from retryd.worker.events import Sink
-from retryd.worker.lifecycle import DISCARDED, QUEUED, RUNNING, SUCCEEDED, Lifecycle
+from retryd.worker.lifecycle import DISCARDED, QUEUED, RUNNING, Lifecycle
 from retryd.worker.partition import PAUSE_CIRCUIT, PartitionState
 from retryd.worker.scheduler import Scheduler
 from retryd.worker.work import Work
@@ -50,6 +52,8 @@ from retryd.worker.work import Work
 log = logging.getLogger(__name__)
 
 _RETRY = Outcome.RETRY
+_SUCCESS = Outcome.SUCCESS
+_DROP = Outcome.DROP
 CLOSED = CircuitState.CLOSED
 OPEN = CircuitState.OPEN
 HALF_OPEN = CircuitState.HALF_OPEN
@@ -137,14 +141,16 @@ class Circuit:
             return False  # dead-lettered by a rule, not moved on by the outage
         if not b.policy.enabled:
             return False
-        if w.env is not None or w.attempt > 1:  # it failed before: retry evidence
-            b.retried(now_ms, 0, 1)
+        if w.env is not None:  # a retry failed (a held record run again in place is no
+            b.retried(now_ms, 0, 1)  # retry: a handler may fail every first attempt)
         error = f"{result.error_class} at {w.where}"
         probe = w is self._probe
         if probe:
             self._probe = None
         if b.state is CLOSED:
-            if w.env is None or self.count_tiers:
+            # the window counts first calls of main-topic records (a held record run again
+            # failing says nothing new), or tier records on a worker that has only those
+            if (w.env is None and w.attempt <= 1) or (w.env is not None and self.count_tiers):
                 b.observe(now_ms, 0, [(failure_key(w), error)])
         elif probe and b.state is HALF_OPEN:
             self._probe_failed(w)
@@ -181,7 +187,7 @@ class Circuit:
             self._tend_probe(now_ms)
         self._sync()
         if b.state is OPEN:
-            self.book.pause_all(PAUSE_CIRCUIT, True)  # partitions assigned since it opened
+            self._pause(True)  # partitions assigned since it opened
         if b.changes != self._published:
             self._published = b.changes
             self.events.circuit(b.snapshot())
@@ -192,18 +198,27 @@ class Circuit:
         p = self._probe
         if p is not None:
             stage = p.stage
-            if stage is SUCCEEDED:
+            result = p.result
+            if stage is DISCARDED:
+                self._probe = None  # its assignment was given up: probe with another record
+            elif (
+                stage is not QUEUED
+                and stage is not RUNNING
+                and result is not None
+                and (result.outcome is _SUCCESS or result.outcome is _DROP)
+            ):
+                # answered (settled on its slot, or through strict order's writes)
                 self._probe = None
                 self._answered_while_probing(now_ms)
                 return
-            if stage is DISCARDED:
-                self._probe = None  # its assignment was given up: probe with another record
-            elif stage is QUEUED and self.scheduler.probe is not p:
-                # cut off with an abandoned loop and back in line: offer it again
-                if self.scheduler.steal(lambda w: w is p) is not None:
-                    self._offer(p)
+            elif (
+                stage is QUEUED
+                and self.scheduler.probe is not p
+                and self.scheduler.steal(lambda w: w is p) is not None
+            ):
+                self._offer(p)  # cut off with an abandoned loop and back in line: again
                 return
-            elif (stage is RUNNING or stage is QUEUED) and time.monotonic() > self._probe_deadline:
+            if p is self._probe and time.monotonic() > self._probe_deadline:
                 self._probe = None
                 if self.scheduler.withdraw_probe() is p:
                     self._held.append(p)  # never taken: it stays in place with the others
@@ -217,7 +232,7 @@ class Circuit:
                     b.interval_s,
                 )
                 return
-            else:
+            if self._probe is not None:
                 return  # running, or failed and about to be judged by ``hold``
         w = self._choose_probe()
         if w is not None:
@@ -229,11 +244,27 @@ class Circuit:
         self.scheduler.offer_probe(w)
 
     def _choose_probe(self) -> Work | None:
-        """The next probe: a held record of a key not yet probed in this outage (the oldest),
-        else a record that never ran of such a key, else the held record whose key failed
-        the fewest probes."""
+        """The next probe, all of keys not yet probed in this outage where there are: a tier
+        record due here (a retry of a record that failed before: the evidence whether retries
+        succeed, which running a failed record again in place may not give, e.g. for a handler
+        that fails every first attempt), else the oldest held record, else a record that never
+        ran; else the held record whose key failed the fewest probes."""
         held = [w for w in self._held if w.stage is QUEUED]
         failed = self._failed_probe_keys
+        retry = self.scheduler.steal(
+            lambda w: (
+                w.stage is QUEUED
+                and w.attempt == 0
+                and w.env is not None
+                and failure_key(w) not in failed
+            )
+        )
+        if retry is not None:
+            self._held = held
+            return retry
+        if not self.breaker.confirming and self._tier_due_soon():
+            self._held = held
+            return None  # a real retry comes due in a moment: wait for it
         fresh = [w for w in held if failure_key(w) not in failed]
         pick: Work | None = min(fresh, key=_position) if fresh else None
         if pick is None:
@@ -249,6 +280,19 @@ class Circuit:
             held.remove(pick)
         self._held = held
         return pick
+
+    def _tier_due_soon(self) -> bool:
+        """A tier record waiting here comes due within the first tier delay, or came due a
+        moment ago and is about to be released: better evidence than a held record."""
+        horizon_s = self.breaker.policy.confirm_probe_s
+        if not horizon_s:
+            return False
+        now_ms = int(time.time() * 1000)
+        soon = min(
+            (st.tail_due for st in self.book.parts.values() if st.is_tier and st.tail),
+            default=None,
+        )
+        return soon is not None and now_ms - 1000 < soon <= now_ms + horizon_s * 1000
 
     def _sync(self) -> None:
         """Make the gate and the pauses follow the breaker's state."""
@@ -276,8 +320,16 @@ class Circuit:
                 log.warning("circuit half-open (%s; last error: %s)", b.reason, b.last_error)
             if before is CLOSED:
                 self._failed_probe_keys.clear()
-        # fetch nothing while open; half-open fetches again so a probe has a record to run
-        self.book.pause_all(PAUSE_CIRCUIT, state is OPEN)
+        # fetch no main-topic record while open; half-open fetches again so a probe has a
+        # record to run. Tiers keep fetching (their records wait behind the shut gate): a
+        # probe then finds a due tier record, a real retry, rather than a held record that
+        # runs again in place (which a handler failing every first attempt always fails)
+        self._pause(state is OPEN)
+
+    def _pause(self, on: bool) -> None:
+        book = self.book
+        for st in list(book.parts.values()):
+            book.set_pause(st, PAUSE_CIRCUIT, on and not st.is_tier)
 
     def _answered_while_probing(self, now_ms: int) -> None:
         """A call was answered while half-open: the service is back, so the circuit closes,

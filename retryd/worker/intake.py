@@ -313,9 +313,15 @@ class Intake:
     # ------------------------------------------------------------------ records out
     def _queue(self, w: Work, st: PartitionState, key: bytes | None) -> None:
         strict = self.strict
-        if strict is not None and st.strict and key is not None:
-            # a record of a strict key: decided when it heads its key's lane (WAITING)
-            strict.mark(w, key)
+        if strict is not None and st.strict and key is not None and strict.mark(w, key):
+            # a record of a strict key: decided when it heads its key's lane (DECIDING). The
+            # lane is the key's chain, across this worker's partitions: its main-topic records
+            # and its tier copies run one at a time here, so two copies of one record (a
+            # record redone after a crash or a held record's restart, beside the copy it had
+            # routed) never run side by side, and the entry decides which one counts.
+            w.lock = w.chain
+            self._new.append(w)
+            return
         ordering = self.ordering
         if ordering is Ordering.KEY:
             w.lock = (st, key)

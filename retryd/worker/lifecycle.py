@@ -3,6 +3,7 @@
 ::
 
     WAITING ─due─▶ QUEUED ─claim─▶ RUNNING ─finish─▶ SUCCEEDED                       (settled)
+    (strict key order) DECIDING ─run─▶ QUEUED; ─park/dead─▶ FAILED; ─duplicate─▶ SKIPPED
                      ▲               │ └─finish/expire─▶ FAILED ─route─▶ ROUTING ─ack─▶ ACKED
                      ├───requeue─────┘                     │
                      └───────────hold (circuit not closed)──┘
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
 
 class Stage(Enum):
     WAITING = "waiting"  # a tier record held in its partition's tail until it is due
+    DECIDING = "deciding"  # strict key order: its key's lane head, its verdict not given yet
     QUEUED = "queued"  # waiting for its key's turn or a free slot
     RUNNING = "running"  # a handler call is in progress
     FAILED = "failed"  # the call failed (or timed out): the poll thread routes a copy
@@ -58,6 +60,7 @@ class Stage(Enum):
 
 
 WAITING = Stage.WAITING
+DECIDING = Stage.DECIDING
 QUEUED = Stage.QUEUED
 RUNNING = Stage.RUNNING
 FAILED = Stage.FAILED
@@ -69,7 +72,8 @@ DISCARDED = Stage.DISCARDED
 
 SETTLED = frozenset({SUCCEEDED, SKIPPED, ACKED})
 TERMINAL = frozenset({SUCCEEDED, SKIPPED, ACKED, DISCARDED})
-UNFINISHED = frozenset({QUEUED, RUNNING, FAILED, ROUTING})  # consumed, not yet settled
+# consumed, not yet settled (a record waiting for its due time apart)
+UNFINISHED = frozenset({DECIDING, QUEUED, RUNNING, FAILED, ROUTING})
 
 _SUCCESS = Outcome.SUCCESS
 _DROP = Outcome.DROP

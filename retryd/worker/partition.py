@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from retryd.worker.lifecycle import (
     ACKED,
+    DECIDING,
     QUEUED,
     RUNNING,
     SKIPPED,
@@ -122,7 +123,8 @@ class PartitionState:
         that are still queued must run before a revoke commits, or the next owner redoes
         every started record above them."""
         for w in reversed(self.pending):
-            if w.stage is not QUEUED and w.stage is not WAITING:
+            stage = w.stage
+            if stage is not QUEUED and stage is not WAITING and stage is not DECIDING:
                 return w.offset + 1
         return 0
 
@@ -131,7 +133,7 @@ class PartitionState:
         for w in self.pending:
             if w.offset >= self.run_below:
                 return True
-            if w.stage is QUEUED or w.stage is RUNNING:
+            if w.stage is QUEUED or w.stage is RUNNING or w.stage is DECIDING:
                 return False
         return True
 

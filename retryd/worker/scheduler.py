@@ -52,7 +52,7 @@ from collections.abc import Callable, Hashable, Iterable
 from typing import TYPE_CHECKING
 
 from retryd.policy.classify import Outcome
-from retryd.worker.lifecycle import DISCARDED, FAILED, QUEUED, SUCCEEDED, WAITING
+from retryd.worker.lifecycle import DECIDING, DISCARDED, FAILED, QUEUED, SUCCEEDED
 
 if TYPE_CHECKING:
     from retryd.worker.work import Work
@@ -154,7 +154,7 @@ class Scheduler:
                 tail = tails.get(key)
                 if tail is not None:
                     tail.next = w
-                elif w.stage is WAITING:  # strict key order: decided first
+                elif w.stage is DECIDING:  # strict key order: decided first
                     self.decisions.append(w)
                 else:
                     append(w)
@@ -196,10 +196,11 @@ class Scheduler:
         nxt = w.next
         if nxt is not None:
             w.next = None  # released once: a record that runs again releases nothing
-            if nxt.stage is WAITING:  # strict key order: the next record is decided first
-                if w.clean and w.stage is SUCCEEDED:
+            if nxt.stage is DECIDING:  # strict key order: the next record is decided first
+                if w.clean and w.stage is SUCCEEDED and nxt.msg._env is None:
                     # decided to run with no chain entry, and it succeeded: the key still has
-                    # no entry (only a failure or a park adds one), so the next one runs too
+                    # no entry (only a failure or a park adds one), so the next main-topic
+                    # record runs too (a tier copy is always decided: it has an entry)
                     nxt.clean = True
                     nxt.hold = False
                     nxt.stage = QUEUED
@@ -294,30 +295,38 @@ class Scheduler:
                 self.ready.extendleft(reversed(works))
 
     def forget(self, parts: Iterable[object]) -> None:
-        """Assignments released (every record of theirs discarded): their ready records leave
-        the queue and their lanes are dropped. A record of theirs still running releases
-        nothing that matters when it ends: what it had chained behind it is refused and
-        drains."""
+        """Assignments released (every record of theirs discarded): lanes that belong to them
+        alone (a key of one partition, or a partition) leave the queue and the lanes are
+        dropped. A strict key's lane may also hold records of other partitions (a tier copy
+        of the key): its discarded records stay in line and release it as they are refused,
+        so the records behind them run. A record still running releases its lane when it
+        ends, like any discarded one."""
         gone = set(parts)
         if not gone:
             return
+
+        def local(w: Work) -> bool:
+            return w.part in gone and not isinstance(w.lock, bytes)
+
         with self.lock:
             ready = self.ready
-            kept = [w for w in ready if w.part not in gone]
+            kept = [w for w in ready if not local(w)]
             if len(kept) != len(ready):
                 ready.clear()  # in place: slots hold a reference to this deque
                 ready.extend(kept)
             tails = self._tails
-            for key in [k for k, w in tails.items() if w.part in gone]:
+            for key in [k for k, w in tails.items() if local(w)]:
                 del tails[key]
             decisions = self.decisions
-            if any(w.part in gone for w in decisions):
-                kept = [w for w in decisions if w.part not in gone]
+            if any(local(w) for w in decisions):
+                kept = [w for w in decisions if not local(w)]
                 decisions.clear()
                 decisions.extend(kept)
             probe = self.probe
             if probe is not None and probe.part in gone:
                 self.probe = None
+                if isinstance(probe.lock, bytes):
+                    self._release_one(probe, ready.append)
 
     def wait_below(self, low: int, timeout_s: float) -> None:
         """Block until at most ``low`` records are ready (slots took the rest), or the

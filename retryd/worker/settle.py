@@ -238,9 +238,14 @@ class Settler:
 
     # ------------------------------------------------------------------ strict order
     def _strict_success(self, w: Work) -> None:
-        """A held success (key_order = strict): remove its chain entry, then settle."""
+        """A held success (key_order = strict): remove its chain entry, then settle. It is
+        an answer for the circuit breaker like a success settled on its slot (and retry
+        evidence when the record failed before)."""
         assert self.strict is not None
+        retried = 1 if w.env is not None or w.attempt > 1 else 0
+        self.circuit.answered(1, int(time.time() * 1000), retried)
         if not self.lifecycle.route(w):
+            self.scheduler.release(w)  # discarded meanwhile
             return
         w.route = None
         w.steps = self.strict.success_steps(w)
@@ -323,6 +328,7 @@ class Settler:
             step = w.steps[0]
             strict.acked(route, step.key, step.value, offset)  # a state write: into the view
             if w.stage is not ROUTING:
+                self.scheduler.release(w)  # its key's lane goes on without it
                 return  # discarded meanwhile: its next owner redoes it
             w.steps.pop(0)
             if w.steps:
@@ -351,6 +357,8 @@ class Settler:
         Anything else: stop, leaving ``w``'s offset uncommitted. Exactly-once: the transaction
         aborts at its commit and the input is redone (a copy too large is remembered)."""
         if w.stage is DISCARDED:
+            if w.part.strict and w.chain is not None:
+                self.scheduler.release(w)  # its key's lane goes on without it
             return  # its assignment was released (or rewound): its next run decides
         too_large = err.code() in TOO_LARGE_CODES and route.dead_reason != DEAD_TOO_LARGE
         size = sum(len(v or b"") + len(k) for k, v in route.headers)

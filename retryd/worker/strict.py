@@ -9,7 +9,7 @@ How a strict record moves:
 
 - **Lanes decide order, the chain decides whether to run.** Records of a strict key share a
   key lane in the scheduler, like ``ordering=key``. A record that becomes the head of its lane
-  is *undecided* (``WAITING``): the scheduler hands it here (``Scheduler.decisions``) instead
+  is *undecided* (``DECIDING``): the scheduler hands it here (``Scheduler.decisions``) instead
   of making it ready, and ``heads`` gives its verdict (run, park, duplicate, dead) from the
   view. One exception keeps the success path at slot speed: a record whose predecessor in the
   lane *succeeded* after being decided to run with no chain entry for its key inherits that
@@ -52,7 +52,7 @@ from retryd.policy.headers import header_value
 from retryd.policy.key_order import Verdict
 from retryd.policy.routing import Route
 from retryd.policy.sequence import RetryPlan
-from retryd.worker.lifecycle import WAITING
+from retryd.worker.lifecycle import DECIDING
 from retryd.worker.partition import PartitionState
 from retryd.worker.reading import readable_headers
 from retryd.worker.scheduler import Scheduler
@@ -220,7 +220,11 @@ class StrictOrder:
         if self.mains.get((st.topic, st.partition)) is st:
             del self.mains[(st.topic, st.partition)]
         if self.waiting:
-            self.waiting = [w for w in self.waiting if w.part is not st]
+            gone = [w for w in self.waiting if w.part is st]
+            if gone:
+                self.waiting = [w for w in self.waiting if w.part is not st]
+                for w in gone:  # their key's lane may go on with records of other partitions
+                    self.scheduler.release(w)
 
     def chain_of(self, topic: str, key: bytes) -> bytes:
         return ko.chain_id(self.group, topic, key)
@@ -230,7 +234,7 @@ class StrictOrder:
 
     # ------------------------------------------------------------------ records in
     def mark(self, w: Work, key: bytes) -> bool:
-        """A record of a strict partition becomes runnable: True (and ``WAITING``: to be
+        """A record of a strict partition becomes runnable: True (and ``DECIDING``: to be
         decided when it heads its lane) when it keeps its key's order, False for a tier copy
         that keeps none (not a strict topic's)."""
         env = w.env
@@ -240,7 +244,7 @@ class StrictOrder:
         w.chain = self.chain_of(topic, key)
         w.hold = False
         w.clean = False
-        w.stage = WAITING
+        w.stage = DECIDING
         return True
 
     def heads(self, now_ms: int) -> list[tuple[Work, Verdict]]:
@@ -251,12 +255,18 @@ class StrictOrder:
         while decisions:
             pending.append(decisions.popleft())
         out = []
+        release = self.scheduler.release
         for w in pending:
-            if w.stage is not WAITING:
-                continue  # discarded with its assignment
+            if w.stage is not DECIDING:
+                release(w)  # discarded with its assignment: the key's next record goes on
+                continue
             st = w.part
             if not st.may_start(w.offset):
-                continue  # a revoke closed it: its next owner decides
+                if st.released:
+                    release(w)
+                else:
+                    self.waiting.append(w)  # closing: it runs if the revoke is called off
+                continue
             verdict = self._decide(w, now_ms)
             if verdict is None:
                 self.waiting.append(w)

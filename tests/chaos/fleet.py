@@ -13,11 +13,24 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from retryd.config import Settings
+from retryd.policy.key_order import KeyOrder
 from retryd.runtime.paths import heartbeat_dir
 from tests.chaos.handler import LOG_ENV
 from tests.integration.worker_support import REPO, Deployment
 
 CHAOS_HANDLER = "python:tests.chaos.handler:handle"
+
+
+def key_order_env(settings: Settings) -> dict[str, str]:
+    """What a worker process (or ``retryd topics create``) needs of ``key_order = strict``,
+    which ``Deployment.env`` leaves out; nothing for ``key_order = none``."""
+    if settings.key_order is not KeyOrder.STRICT:
+        return {}
+    env = {"RETRYD_KEY_ORDER": "strict", "RETRYD_KEY_STATE_TOPIC": settings.key_state_topic}
+    if settings.key_order_topics:
+        env["RETRYD_KEY_ORDER_TOPICS"] = ",".join(settings.key_order_topics)
+    return env
 
 
 @dataclass
@@ -54,6 +67,7 @@ class Fleet:
         log = self.directory / f"{name}.{len(self.procs)}.log"
         full_env = {
             **self.dep.env(),
+            **key_order_env(self.dep.settings),
             LOG_ENV: str(self.call_log),
             "RETRYD_LOG_LEVEL": "INFO",
             **self.env,

@@ -9,9 +9,11 @@ on the kind and the copy's retry number, so the outcome of every id is known in 
 - ``poison`` fails always (dead-lettered ``exhausted`` after the retry sequence);
 - ``non_retryable`` raises ``retryd.NonRetryableError`` (dead-lettered ``non_retryable``).
 
-Every call is appended to ``$RETRYD_CHAOS_LOG`` as one JSON line, written with one ``os.write``
-on an ``O_APPEND`` descriptor *before* the call returns: a SIGKILL can cut a process between two
-calls but never inside a line, and a success that reached the log is a success that happened.
+Every call is appended to ``$RETRYD_CHAOS_LOG`` as one JSON line (id, outcome, retry number,
+topic, pid; from this handler also the copy's partition and offset and the call's wall time),
+written with one ``os.write`` on an ``O_APPEND`` descriptor *before* the call returns: a SIGKILL
+can cut a process between two calls but never inside a line, a success that reached the log is
+a success that happened, and a call made after another one returned is logged after it.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import hashlib
 import json
 import os
 import threading
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -119,7 +122,10 @@ def handle(message: Message) -> None:
     retry_number = message.retry_number
     outcome = decide(str(spec.get("kind", "ok")), int(spec.get("k", 0)), retry_number)
     digest = header_digest(message.headers) if "h" in spec else None
-    append_call(call_entry(spec, outcome, retry_number, message.topic, digest))
+    entry = call_entry(spec, outcome, retry_number, message.topic, digest)
+    # where this copy was read and when it was called: evidence for an order check
+    entry.update(p=message.partition, off=message.offset, at=round(time.time(), 3))
+    append_call(entry)
     if outcome == FAIL:
         raise TransientFailure(f"planned failure (retry {retry_number})")
     if outcome == DEAD:

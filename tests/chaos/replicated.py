@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from retryd.config import load_settings
+from retryd.config import Settings, load_settings
 from retryd.kafka.topics import topic_configs
 from tests.chaos.cluster import MIN_INSYNC, REPLICATION, Nodes
-from tests.chaos.fleet import CHAOS_HANDLER, Proc
+from tests.chaos.fleet import CHAOS_HANDLER, Proc, key_order_env
 from tests.chaos.ledger import Reconciliation, Spec, reconcile
-from tests.chaos.load import PacedProducer
+from tests.chaos.load import PacedProducer, Record
 from tests.chaos.scale import SEQUENCE, settle_budget
 from tests.chaos.scenario import Scenario, watch
 from tests.integration.worker_support import REPO, Deployment
@@ -54,7 +54,7 @@ def _create_main(nodes: Nodes, topic: str, partitions: int) -> None:
 def _retryd_topics_create(dep: Deployment, ledger: str) -> str:
     """``retryd topics create`` as an operator runs it (a child process, stopped by its PID
     if it overruns); returns its output."""
-    env = {**dep.env(), "RETRYD_LEDGER_TOPIC": ledger}
+    env = {**dep.env(), **key_order_env(dep.settings), "RETRYD_LEDGER_TOPIC": ledger}
     cmd = [
         sys.executable,
         "-m",
@@ -74,11 +74,16 @@ def _retryd_topics_create(dep: Deployment, ledger: str) -> str:
 
 
 def replicated_deployment(
-    nodes: Nodes, tmp_path: Path, partitions: int, session_timeout_ms: int | None
+    nodes: Nodes,
+    tmp_path: Path,
+    partitions: int,
+    session_timeout_ms: int | None,
+    **extra: Any,
 ) -> Deployment:
     """Fresh topics and group on the cluster: every partition of every topic the group reads
     or writes has 3 replicas and min.insync.replicas=2 (checked here, from the cluster).
-    ``session_timeout_ms`` None: retryd's defaults for the session and the poll interval."""
+    ``session_timeout_ms`` None: retryd's defaults for the session and the poll interval.
+    ``extra``: further settings (``key_order="strict"``: the key-state topic is made too)."""
     group = unique("g")
     session: dict[str, int] = {}
     if session_timeout_ms is not None:
@@ -103,11 +108,13 @@ def replicated_deployment(
         # hold them (its own chaos scenario is tests/chaos/test_circuit_kills.py)
         circuit_breaker=False,
         **session,
+        **extra,
     )
     _create_main(nodes, main, partitions)
     dep = Deployment(nodes.bootstrap, settings, main)
     _retryd_topics_create(dep, ledger)
     topics = [main, *settings.plan.tier_topics, settings.failed_topic, ledger]
+    topics += state_topics(settings)
     desc = wait_for(lambda: nodes.describe(topics), 60, 0.5, what="the new topics described")
     assert {n for _, _, n in desc.values()} == {REPLICATION}, desc
     configs = topic_configs(AdminClient({"bootstrap.servers": nodes.bootstrap}), topics, 15)
@@ -117,6 +124,12 @@ def replicated_deployment(
     return dep
 
 
+def state_topics(settings: Settings) -> list[str]:
+    """The key-state topic of a ``key_order = strict`` deployment (a topic the workers write
+    and read), or nothing."""
+    return [settings.key_state_topic] if key_order_env(settings) else []
+
+
 def start_replicated(
     name: str,
     nodes: Nodes,
@@ -124,8 +137,9 @@ def start_replicated(
     plan: list[Spec],
     partitions: int = PARTITIONS,
     session_timeout_ms: int | None = SESSION_TIMEOUT_MS,
+    **extra: Any,
 ) -> Scenario:
-    dep = replicated_deployment(nodes, tmp_path, partitions, session_timeout_ms)
+    dep = replicated_deployment(nodes, tmp_path, partitions, session_timeout_ms, **extra)
     return watch(name, dep, tmp_path, plan)
 
 
@@ -152,18 +166,21 @@ class Run:
     """Two independent ``retryd worker`` processes and the paced load of one scenario.
 
     The load comes in ``shares`` equal parts: the first while the group joins, then one per
-    call to ``feed`` (before a fault, during one), so every fault hits a system under load."""
+    call to ``feed`` (before a fault, during one), so every fault hits a system under load.
+    ``records``: what to produce (default: the plan's, each keyed by its id)."""
 
     sc: Scenario
     shares: int
     workers: list[Proc] = field(default_factory=list)
     load: PacedProducer = field(init=False)
     share: int = 1
+    records: list[Record] | None = None
 
     def __post_init__(self) -> None:
         sc = self.sc
         self.workers = [sc.fleet.worker("w0"), sc.fleet.worker("w1")]
-        self.load = PacedProducer(sc.dep.bootstrap, sc.dep.main, sc.records())
+        records = sc.records() if self.records is None else self.records
+        self.load = PacedProducer(sc.dep.bootstrap, sc.dep.main, records)
         self.load.allow_share(1, self.shares, JOIN_S)
         wait_for(
             lambda: sc.observer.refresh().calls > 0, 120, what="the workers to handle messages"
@@ -230,7 +247,7 @@ def sigkill_and_restart(
     start it again and wait until every replica is back in sync. The entry says how long the
     partitions it led had no leader (``failover_s``), with ``group`` how long that group had
     no coordinator (``coordinator_failover_s``), and how long catching up took."""
-    topics = [*run.sc.topics, run.sc.dep.failed]
+    topics = [*run.sc.topics, run.sc.dep.failed, *state_topics(run.sc.dep.settings)]
     led = nodes.led_by(victim, topics)
     at = time.monotonic()
     pid = nodes.kill(victim)

@@ -4,7 +4,8 @@ Path: ``$RETRYD_CHAOS_REPORT``, else ``chaos-report.json`` in pytest's temporary
 A session starts the document afresh and each scenario appends its row as soon as it has its
 numbers, *before* asserting, so a failing scenario is reported too. ``report-full.json`` beside
 this module is the committed full-size run (README, "Reliability"), ``report-cluster-full.json``
-that of the scenarios on a three-node cluster (``test_cluster_*.py``).
+that of the scenarios on a three-node cluster (``test_cluster_*.py``). A row added to them from
+a later session (``test_strict_kills.py``'s) carries that session's ``seed`` and ``started``.
 """
 
 from __future__ import annotations

@@ -43,6 +43,8 @@ class ClusterSizes:
     outage_messages: int
     outage_s: float  # two of three nodes down at once
     gap_s: tuple[float, float]  # load between two faults, drawn uniformly
+    strict_messages: int  # key_order = strict (test_strict_kills.py), keys as ``strict_keys``
+    strict_rounds: int  # each round: SIGKILL the main topic's leader, then the state's
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,12 @@ class Sizes:
     fuzz_main: int  # fuzzed records per handler kind on the main topic
     fuzz_tier: int  # fuzzed records per handler kind injected into a tier
     cluster: ClusterSizes
+    # key_order = strict under worker SIGKILLs (test_strict_kills.py), run once with
+    # key_order = none for comparison: messages over ``strict_keys`` keys
+    strict_messages: int
+    strict_keys: int
+    strict_kills: int
+    strict_kill_every_s: tuple[float, float]
 
 
 SIZES = {
@@ -94,7 +102,13 @@ SIZES = {
             outage_messages=20_000,
             outage_s=60.0,
             gap_s=(4.0, 6.0),
+            strict_messages=5_000,
+            strict_rounds=3,
         ),
+        strict_messages=5_000,
+        strict_keys=100,
+        strict_kills=12,
+        strict_kill_every_s=(3.0, 5.0),
     ),
     "ci": Sizes(
         kill_messages=3_000,
@@ -125,7 +139,13 @@ SIZES = {
             outage_messages=2_000,
             outage_s=15.0,
             gap_s=(2.0, 3.0),
+            strict_messages=750,
+            strict_rounds=1,
         ),
+        strict_messages=750,  # the run: 750 records, 4 SIGKILLs of two workers
+        strict_keys=50,
+        strict_kills=4,
+        strict_kill_every_s=(2.0, 3.0),
     ),
 }
 

@@ -1,5 +1,6 @@
-"""A downstream business service that can go down, and steady load on a main topic: what the
-circuit breaker's tests on real Kafka share (tests/integration/test_circuit_outage.py,
+"""A downstream business service that can go down, steady load on a main topic, and the call
+log of tests/integration/circuit_handlers.py: what the circuit breaker's tests on real Kafka
+share (tests/integration/test_circuit_outage.py, test_circuit_retries_succeed.py,
 tests/chaos/test_circuit_kills.py)."""
 
 from __future__ import annotations
@@ -12,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 
 from retryd.runtime.heartbeat import read_heartbeats
-from tests.support import Record, http_service, read_topic
+from tests.support import Record, http_service, read_topic, unique
 
 LOAD_PER_S = 40
 KEYS = 100
@@ -23,8 +24,14 @@ POISON = "poison"
 
 
 class Service(BaseHTTPRequestHandler):
-    """Answers 200, 503 to everything while ``down``, and 503 always to the poison key."""
+    """Answers 200, 503 to everything while ``down``, and 503 always to the poison key.
 
+    It keeps connections alive (HTTP/1.1), as services do. Answering HTTP/1.0 (a connection per
+    call), bursts of calls overflowed its listen backlog of 5 (78 overflows in one outage run)
+    and a dropped SYN costs a call a 1 s retransmit: the outage test's confirming probe once
+    took 1 s, and detection 2.6 s."""
+
+    protocol_version = "HTTP/1.1"
     lock = threading.Lock()
     down = False
     calls: list[tuple[float, str, int]] = []  # (time, body, status)
@@ -102,3 +109,60 @@ def circuits(state_dir: Path, fresh_s: float = 5.0) -> dict[int, dict[str, Any]]
 def ok_bodies() -> set[str]:
     with Service.lock:
         return {body for _, body, status in Service.calls if status == 200}
+
+
+class CallLog:
+    """The calls tests/integration/circuit_handlers.py appends to a file (``<S|F> <value>
+    <wall clock s>`` per line), read as the file grows: when each record first succeeded."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._pos = 0
+        self.first_s: float | None = None  # the first call
+        self.ok_s: dict[str, float] = {}  # value -> its first success
+        self.calls = 0
+        self.failures = 0
+
+    def read(self) -> int:
+        """Take in the lines completed since the last read; returns the records succeeded."""
+        try:
+            with self.path.open("rb") as fh:
+                fh.seek(self._pos)
+                chunk = fh.read()
+        except FileNotFoundError:
+            return 0
+        complete = chunk[: chunk.rfind(b"\n") + 1]  # a writer may be halfway through a line
+        self._pos += len(complete)
+        ok_s = self.ok_s
+        for line in complete.decode().splitlines():
+            kind, value, at = line.split()
+            t = float(at)
+            self.calls += 1
+            if self.first_s is None or t < self.first_s:
+                self.first_s = t
+            if kind == "S":
+                if value not in ok_s or t < ok_s[value]:
+                    ok_s[value] = t
+            else:
+                self.failures += 1
+        return len(ok_s)
+
+    def drain_s(self) -> float:
+        """From the first call to the last record's first success."""
+        assert self.first_s is not None and self.ok_s
+        return max(self.ok_s.values()) - self.first_s
+
+
+def records_in(bootstrap: str, topic: str) -> int:
+    """How many records ``topic`` holds (the sum of its partitions' high watermarks)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("watermarks")})
+    try:
+        md = consumer.list_topics(topic, timeout=10).topics[topic]
+        assert md.error is None, f"topic {topic}: {md.error}"
+        total = 0
+        for p in md.partitions:
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+            total += high - low
+        return total
+    finally:
+        consumer.close()

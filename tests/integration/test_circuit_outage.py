@@ -132,7 +132,10 @@ def test_a_30s_outage_opens_the_circuit_and_loses_nothing(
     (tmp_path / "circuit-outage.json").write_text(json.dumps(report, indent=2))
     print("circuit outage:", json.dumps(report))
 
-    assert detection_s < 10
+    # issue 23: "opens the circuit within 2 s". The window needs half of its last 100 calls
+    # failed: ~50 failures, 1.25 s at this load, seen in the idle worker's polls (0.5 s
+    # apart, so 1.0-1.75 s), then one confirming call of a failed record (milliseconds)
+    assert detection_s < 2, report
     # before it opened: the detection window (min 20 failures, 50 % of the last 100 calls),
     # plus the calls in flight (max_in_flight 16)
     assert len(outage_copies) <= 100 + 16, report

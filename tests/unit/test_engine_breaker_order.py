@@ -233,17 +233,26 @@ def test_a_probe_without_a_verdict_by_its_deadline_counts_as_failed(tmp_path: Pa
     assert broker.committed_offset(GROUP, MAIN) == 11
 
 
+@pytest.mark.parametrize("fails", ["its first call", "every first attempt"])
 def test_records_that_fail_once_and_succeed_when_retried_are_not_an_outage(
-    tmp_path: Path,
+    tmp_path: Path, fails: str
 ) -> None:
     """Item 5: every record fails once and succeeds on its first retry, at default breaker
-    settings: the window trips, a retried record succeeds, so the circuit never opens, nothing
-    is held for a probe interval, and nothing is dead-lettered."""
+    settings, nothing is dead-lettered and nothing waits for a probe interval (5 s). A
+    handler failing its first *call* of each record: the window trips, the failed record run
+    again succeeds, so the circuit closes at once. One failing every *first attempt*
+    (``retry_number == 0``, whatever the call): running it again in place fails too, so the
+    circuit opens, but its first probe comes when the first tier's retry is due, and that
+    retry (a tier record) succeeds."""
     broker = StubBroker()
     seen: set[int] = set()
     lock = threading.Lock()
 
     def handler(m: Message) -> None:
+        if fails == "every first attempt":
+            if m.retry_number == 0:
+                raise ConnectionError("not there yet")
+            return
         origin = m.offset if m.original_offset is None else m.original_offset
         with lock:
             first = origin not in seen
@@ -257,7 +266,8 @@ def test_records_that_fail_once_and_succeed_when_retried_are_not_an_outage(
     summary = worker.run(until_drained=True)
     elapsed = time.monotonic() - started
     snap = worker.circuit.snapshot()
-    assert "open" not in snap.transitions, snap
+    if fails == "its first call":
+        assert "open" not in snap.transitions, snap
     assert broker.records("failed_topic") == []
     assert summary.total("success") == 3000
     assert broker.committed_offset(GROUP, MAIN) == 3000

@@ -96,7 +96,7 @@ def test_an_outage_holds_records_in_place_and_a_probe_resumes(tmp_path: Path, ki
     assert routed_while_detecting <= 20 + 4  # the detection window and the calls in flight
     assert broker.committed_offset(GROUP, MAIN) == 300
     snap = worker.circuit.snapshot()
-    assert snap.held >= 1 and snap.transitions["open"] >= 2 and snap.transitions["closed"] == 1
+    assert snap.held >= 1 and snap.transitions["open"] >= 1 and snap.transitions["closed"] == 1
 
 
 def test_a_poison_key_goes_its_way_and_never_opens_the_circuit(tmp_path: Path) -> None:

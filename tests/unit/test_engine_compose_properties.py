@@ -1,0 +1,618 @@
+"""Every feature keeps every guarantee, together: a stateful property test of the whole engine
+on the stub broker, over the feature combinations (issue 23).
+
+Combinations: ordering {key, partition, none} x circuit breaker {on, off} x key_order {none,
+strict} x exactly_once {on, off} x handler {def, async def}, where allowed (strict order needs
+ordering=key and is not combined with exactly_once). Each combination is one pytest item; in
+it, Hypothesis drives a ``RuleBasedStateMachine`` whose steps are what production throws at a
+worker: records arriving, a revoke to a new member, a lost assignment, a clean restart, an
+outage of the business service (every call fails until it ends), acknowledgements that arrive
+late. Per call, the outcome is random: success, retryable or non-retryable failure, a hang past
+the timeout, and for ``async def`` a call that ignores its cancellation (its loop abandoned).
+
+Invariants, checked while it runs (order) and once everything settled:
+
+- **no same-key overlap or disorder**: on one member, calls of one ordering key (key, or
+  partition) never overlap and start in offset order (a held record runs again before the
+  next one of its key); across a revoke or restart, the new owner never overlaps the old one;
+- **one terminal place**: no record handled and dead-lettered, except one redone after a lost
+  assignment (at-least-once's own case); with exactly_once no copy exists twice;
+- **nothing lost**: every record handled or dead-lettered;
+- **progress**: every partition's committed offset reaches its end within a bound once the
+  faults stop;
+- **strict order**: per key, first successes come in offset order; every chain entry is
+  removed at the end.
+
+Hung calls (abandoned past their timeout) are excluded from the overlap checks: Python cannot
+stop a thread, which the README says. ``RETRYD_COMPOSE_EXAMPLES`` sets the examples per
+combination (CI: 2).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import itertools
+import os
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import pytest
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from retryd.config import load_settings
+from retryd.errors import NonRetryableError
+from retryd.handlers.base import Message
+from retryd.handlers.python_handler import PythonHandler
+from retryd.policy import headers as h
+from retryd.policy import key_order as ko
+from retryd.worker import loop_pool
+from retryd.worker.assembly import build_worker
+from retryd.worker.engine import Worker
+from tests.stub_kafka import StubBroker, StubProducer, StubReader, _Delivered
+from tests.support import wait_for
+
+MAIN = "orders"
+GROUP = "g"
+TIER = "retry_50ms"
+FAILED = "orders.failed"
+STATE = "orders.key_state"
+PARTITIONS = 2
+TIMEOUT_S = 0.2
+EXAMPLES = int(os.environ.get("RETRYD_COMPOSE_EXAMPLES", "3"))
+STEPS = int(os.environ.get("RETRYD_COMPOSE_STEPS", "10"))
+SETTLE_S = float(os.environ.get("RETRYD_COMPOSE_SETTLE_S", "60"))  # progress bound
+
+
+class Combo(NamedTuple):
+    ordering: str
+    breaker: bool
+    strict: bool
+    exactly_once: bool
+    kind: str
+
+    @property
+    def name(self) -> str:
+        return (
+            f"{self.ordering}-{'breaker' if self.breaker else 'nobreaker'}-"
+            f"{'strict' if self.strict else 'nostrict'}-{'eos' if self.exactly_once else 'alo'}-"
+            f"{'async' if self.kind == 'async' else 'sync'}"
+        )
+
+
+COMBOS = [
+    Combo(ordering, breaker, strict, eos, kind)
+    for ordering in ("key", "partition", "none")
+    for breaker in (True, False)
+    for strict in (False, True)
+    for eos in (False, True)
+    for kind in ("sync", "async")
+    if not strict or (ordering == "key" and not eos)
+]
+
+
+# ----------------------------------------------------------------------------- calls
+@dataclass
+class Call:
+    member: int
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    retry: int
+    origin: tuple[int, int]
+    outcome: str
+    start: float
+    end: float = field(default=float("inf"))
+
+
+class Service:
+    """The business handler: per call an outcome drawn from the seed (stable per record,
+    attempt and member), a short duration, and an outage switch."""
+
+    def __init__(self, seed: int, kind: str) -> None:
+        self.seed = seed
+        self.kind = kind
+        self.lock = threading.Lock()
+        self.calls: list[Call] = []
+        self.down = threading.Event()
+        self.hangs = 0
+
+    def _draw(self, origin: tuple[int, int], attempt: int, member: int) -> str:
+        digest = hashlib.blake2b(
+            f"{self.seed}/{origin}/{attempt}/{member % 2}".encode(), digest_size=4
+        ).digest()
+        n = int.from_bytes(digest, "big") % 100
+        if n < 62:
+            return "ok"
+        if n < 82:
+            return "retry"
+        if n < 88:
+            return "dead"
+        if attempt > 0 or self.hangs >= 2:  # bounded: max_abandoned_handlers is 8
+            return "ok"
+        self.hangs += 1
+        return "hang" if self.kind == "sync" or n < 94 else "ignore"
+
+    def begin(self, m: Message, member: int) -> Call:
+        origin = (m.original_partition, m.original_offset)
+        assert origin[0] is not None and origin[1] is not None
+        with self.lock:
+            attempt = sum(1 for c in self.calls if c.origin == origin and c.member == member)
+            outcome = "down" if self.down.is_set() else self._draw(origin, attempt, member)
+            call = Call(
+                member,
+                m.topic,
+                m.partition,
+                m.offset,
+                m.key,
+                m.retry_number,
+                origin,  # type: ignore[arg-type]
+                outcome,
+                time.perf_counter(),
+            )
+            self.calls.append(call)
+        return call
+
+    def duration(self, call: Call) -> float:
+        return (call.origin[1] % 4) / 1000
+
+    def handler(self, member: int) -> Any:
+        if self.kind == "sync":
+
+            def handle(m: Message) -> None:
+                call = self.begin(m, member)
+                try:
+                    time.sleep(TIMEOUT_S * 2 if call.outcome == "hang" else self.duration(call))
+                    _raise_for(call.outcome)
+                finally:
+                    call.end = time.perf_counter()
+
+            return handle
+
+        async def ahandle(m: Message) -> None:
+            call = self.begin(m, member)
+            try:
+                if call.outcome == "hang":
+                    await asyncio.sleep(TIMEOUT_S * 2)
+                elif call.outcome == "ignore":
+                    end = time.monotonic() + TIMEOUT_S * 2
+                    while time.monotonic() < end:
+                        try:
+                            await asyncio.sleep(0.01)
+                        except asyncio.CancelledError:
+                            continue
+                else:
+                    await asyncio.sleep(self.duration(call))
+                _raise_for(call.outcome)
+            finally:
+                call.end = time.perf_counter()
+
+        return ahandle
+
+
+def _raise_for(outcome: str) -> None:
+    if outcome in ("retry", "down"):
+        raise ConnectionError(outcome)
+    if outcome == "dead":
+        raise NonRetryableError("poison")
+
+
+class LateAcks(StubProducer):
+    """A producer whose acknowledgements arrive ``delay_s`` after each write (settable while
+    the run goes on); ``flush`` waits for them, as librdkafka's does."""
+
+    delay_s = 0.0
+
+    def produce(self, topic: str, *args: Any, **kw: Any) -> None:
+        super().produce(topic, *args, **kw)
+        self.__dict__.setdefault("due", {})[id(self.pending[-1])] = (
+            time.monotonic() + LateAcks.delay_s
+        )
+
+    def poll(self, timeout: float = 0) -> int:
+        due = self.__dict__.setdefault("due", {})
+        now = time.monotonic()
+        ready = [p for p in self.pending if due.get(id(p), 0) <= now]
+        if not ready:
+            return 0
+        self.pending = [p for p in self.pending if due.get(id(p), 0) > now]
+        for p in ready:
+            due.pop(id(p), None)
+            if p.callback is not None:
+                p.callback(p.error, _Delivered(p.record) if p.record else None)
+        return len(ready)
+
+    def flush(self, timeout: float = -1) -> int:
+        if self.transactional:
+            LateAcks.delay_s = 0.0  # (a commit flushes: late acks would only slow the test)
+        deadline = time.monotonic() + (timeout if timeout >= 0 else 60)
+        while self.pending and time.monotonic() < deadline:
+            self.poll()
+            if self.pending:
+                time.sleep(0.002)  # librdkafka's flush blocks until acknowledged
+        return len(self.pending)
+
+
+# ----------------------------------------------------------------------------- the group
+class Group:
+    """Members that own every partition one after the other, as the coordinator hands them
+    over (a revoke, a lost assignment, a clean restart)."""
+
+    def __init__(self, combo: Combo, service: Service) -> None:
+        self.combo = combo
+        self.service = service
+        self.root = Path(tempfile.mkdtemp(prefix="retryd-compose-"))
+        self.broker = StubBroker()
+        for topic in (MAIN, TIER):
+            self.broker.create(topic, PARTITIONS)
+        self.broker.create(FAILED, 1)
+        self.broker.create(STATE, 3)
+        self.members: list[tuple[Worker, threading.Thread]] = []
+        self.errors: list[BaseException] = []
+        self.transitions: list[tuple[int, str]] = []
+        self.handovers: list[tuple[float, dict[tuple[str, int], int]]] = []
+        self.tps = [(t, p) for t in (MAIN, TIER) for p in range(PARTITIONS)]
+        self.produced = 0
+
+    def start_member(self) -> None:
+        index = len(self.members)
+        c = self.combo
+        settings = load_settings(
+            bootstrap_servers="stub:9092",
+            main_topics=MAIN,
+            retry_sequence="50ms",
+            group_id=GROUP,
+            state_dir=self.root / f"m{index}",
+            handler="python:tests.unit.test_engine_loop:unused",
+            handler_timeout_s=TIMEOUT_S,
+            max_poll_interval_ms=30_000,
+            session_timeout_ms=6_000,
+            poll_timeout_s=0.02,
+            max_in_flight=4,
+            shutdown_timeout_s=5,
+            failed_topic=FAILED,
+            ordering=c.ordering,
+            exactly_once=c.exactly_once,
+            key_order="strict" if c.strict else "none",
+            key_state_topic=STATE,
+            circuit_breaker=c.breaker,
+            circuit_min_failures=4,
+            circuit_min_keys=2,
+            circuit_window_calls=20,
+            circuit_probe_s=0.05,
+            circuit_probe_max_s=0.2,
+        )
+        broker = self.broker
+
+        def consumer(conf: dict[str, Any]) -> Any:
+            return broker.consumer({**conf, "stub.manual_assign": True})
+
+        def producer(conf: dict[str, Any]) -> Any:
+            p = LateAcks(broker, conf)
+            broker.producers.append(p)
+            return p
+
+        worker = build_worker(
+            settings,
+            PythonHandler(self.service.handler(index), timeout_s=TIMEOUT_S),
+            drain_grace_s=0.1,
+            consumer_factory=consumer,
+            producer_factory=producer,
+            reader_factory=lambda conf: StubReader(broker, conf),
+        )
+        stub = broker.consumers[-1]
+
+        def target() -> None:
+            try:
+                worker.run()
+            except BaseException as exc:  # surfaced by the checks
+                self.errors.append(exc)
+
+        thread = threading.Thread(target=target, daemon=True)
+        thread.start()
+        stub.trigger_assign(list(self.tps))
+        self.members.append((worker, thread))
+
+    def handover(self, how: str) -> None:
+        worker, thread = self.members[-1]
+        stub = self.broker.consumers[-1]
+        if how == "revoke":
+            stub.trigger_revoke(list(self.tps))
+            wait_for(lambda: not stub.assigned, 60, interval=0.005, what="the revoke")
+        elif how == "lost":
+            stub.trigger_lost(list(self.tps))
+            wait_for(lambda: not stub.assigned, 60, interval=0.005, what="the loss")
+        else:
+            worker.stop()
+            thread.join(30)
+            assert not thread.is_alive(), "a member did not stop"
+        committed = {tp: self.broker.committed_offset(GROUP, *tp) or 0 for tp in self.tps}
+        self.handovers.append((time.perf_counter(), committed))
+        self.transitions.append((len(self.members), how))
+        self.start_member()
+
+    def produce(self, n: int, keys: int) -> None:
+        for _ in range(n):
+            i = self.produced
+            self.produced += 1
+            k = i % keys
+            # a key lives on one partition, as with Kafka's partitioner (strict order's chain
+            # entries are keyed by the origin offset within the key's partition)
+            self.broker.append(MAIN, b"k%d" % k, b"v%d" % i, partition=k % PARTITIONS)
+
+    def finished(self) -> bool:
+        """Every partition committed past its last record a consumer is handed (aborted
+        copies of exactly-once transactions never are: nothing settles them)."""
+        for topic in (MAIN, TIER):
+            for p in range(PARTITIONS):
+                log = self.broker.logs[topic][p]
+                end = len(log)
+                while end and log[end - 1].aborted:
+                    end -= 1
+                if (self.broker.committed_offset(GROUP, topic, p) or 0) < end:
+                    return False
+        return True
+
+    def stop_all(self) -> None:
+        for worker, _ in self.members:
+            worker.stop()
+        for _, thread in self.members:
+            thread.join(30)
+
+
+# ----------------------------------------------------------------------------- checks
+def _clean(c: Call) -> bool:
+    return c.outcome not in ("hang", "ignore") and c.end != float("inf")
+
+
+def check_order(combo: Combo, calls: list[Call], group: Group) -> None:
+    """No overlap or disorder of one ordering key, on a member and across a hand-over."""
+    if combo.ordering == "none":
+        return
+    by_lock: dict[tuple[int, str, int, bytes | None], list[Call]] = defaultdict(list)
+    for c in calls:
+        key = c.key if combo.ordering == "key" else None
+        by_lock[(c.member, c.topic, c.partition, key)].append(c)
+    for lock, items in by_lock.items():
+        items.sort(key=lambda c: c.start)
+        offsets = [c.offset for c in items]
+        assert offsets == sorted(offsets), f"{combo.name}: {lock} started out of order {offsets}"
+        good = [c for c in items if _clean(c)]
+        for a, b in itertools.pairwise(good):
+            assert b.start >= a.end, f"{combo.name}: overlap on {lock}: {a} {b}"
+    for new, how in group.transitions:
+        if how == "lost":
+            continue
+        old = [c for c in calls if c.member == new - 1 and _clean(c)]
+        fresh = [c for c in calls if c.member == new and _clean(c)]
+        for a in old:
+            for b in fresh:
+                same = (a.topic, a.partition) == (b.topic, b.partition) and (
+                    combo.ordering == "partition" or a.key == b.key
+                )
+                if same:
+                    assert b.start >= a.end, f"{combo.name}: old and new owner overlap {a} {b}"
+
+
+def check_outcomes(combo: Combo, group: Group) -> None:
+    broker = group.broker
+    calls = group.service.calls
+    assert not group.errors, f"{combo.name}: a worker exited: {group.errors}"
+    lost_any = any(how == "lost" for _, how in group.transitions)
+    handled = {c.origin for c in calls if c.outcome == "ok" and c.end != float("inf")}
+    dead: set[tuple[int, int]] = set()
+    copies: dict[tuple[str, int, int, bytes | None], int] = defaultdict(int)
+    for topic in (FAILED, TIER):
+        for r in broker.records(topic):
+            if r.aborted:
+                continue  # a read_committed reader never sees it
+            origin = (
+                int(h.header_value(r.headers, h.ORIGINAL_PARTITION) or b"-1"),
+                int(h.header_value(r.headers, h.ORIGINAL_OFFSET) or b"-1"),
+            )
+            if h.header_value(r.headers, ko.PARKED) is None:
+                copies[(topic, *origin, h.header_value(r.headers, h.RETRY_NUMBER))] += 1
+            if topic == FAILED:
+                dead.add(origin)
+    every = {(r.partition, r.offset) for r in broker.records(MAIN)}
+    missing = sorted(every - handled - dead)
+    assert not missing, (
+        f"{combo.name}: lost {missing[:10]}; calls: "
+        f"{[c for c in calls if c.origin in missing[:2]]}; copies: "
+        f"{[(t, o, n) for (t, *o, n) in copies if tuple(o) in missing[:2]]}; "
+        f"transitions: {group.transitions}; handovers: {group.handovers}"
+    )
+    members_of: dict[tuple[str, int, int], set[int]] = defaultdict(set)
+    for c in calls:
+        members_of[(c.topic, c.partition, c.offset)].add(c.member)
+    redone = {c.origin for c in calls if len(members_of[(c.topic, c.partition, c.offset)]) > 1}
+    both = sorted((handled & dead) - redone)
+    assert not both or lost_any, (
+        f"{combo.name}: in two places without a redo: {both[:10]}; calls: "
+        f"{[c for c in calls if c.origin in both[:2]]}; transitions: {group.transitions}"
+    )
+    if combo.exactly_once:
+        twice = [k for k, n in copies.items() if n > 1]
+        assert not twice, f"{combo.name}: exactly-once copies seen twice: {twice[:5]}"
+    # the old owner never starts a call once it let go of its partitions
+    for k, (at, _) in enumerate(group.handovers):
+        late = [c for c in calls if c.member == k and c.start > at]
+        assert not late, f"{combo.name}: member {k} kept handling after it let go: {late[:3]}"
+
+
+def check_strict(combo: Combo, group: Group) -> None:
+    """Per key, first successes in offset order; every chain entry removed."""
+    if not combo.strict:
+        return
+    first: dict[tuple[int, int], Call] = {}
+    for c in sorted(group.service.calls, key=lambda c: c.end):
+        if c.outcome == "ok" and c.end != float("inf") and c.origin not in first:
+            first[c.origin] = c
+    by_key: dict[tuple[int, bytes | None], list[Call]] = defaultdict(list)
+    for c in first.values():
+        by_key[(c.origin[0], c.key)].append(c)
+    lost_any = any(how == "lost" for _, how in group.transitions)
+    for key, items in by_key.items():
+        items.sort(key=lambda c: c.end)
+        offsets = [c.origin[1] for c in items]
+        if lost_any:
+            continue  # a lost member's late writes are at-least-once's own case
+        assert offsets == sorted(offsets), (
+            f"{combo.name}: key {key} succeeded as {offsets}; calls of the key: "
+            f"{[(c.member, c.topic, c.offset, c.origin[1], c.retry, c.outcome, round(c.start % 100, 4), round(c.end % 100, 4)) for c in sorted(group.service.calls, key=lambda c: c.start) if (c.origin[0], c.key) == key]}"  # noqa: E501
+        )
+    entries: dict[bytes, bytes | None] = {}
+    for rec in group.broker.records(STATE):
+        assert rec.key is not None
+        entries[rec.key] = rec.value
+    live = {k: v for k, v in entries.items() if v is not None}
+    assert not live, f"{combo.name}: chain entries left: {len(live)}"
+
+
+def diagnosis(worker: Worker) -> str:
+    """Where a member stands: circuit, lanes, and each partition's unsettled records."""
+    sched = worker.scheduler
+    parts = {
+        repr(st): [(w.offset, w.stage.value, w.attempt) for w in list(st.pending)[:6]]
+        for st in list(worker.book.parts.values())
+    }
+    return (
+        f"circuit={worker.circuit.snapshot().state.value} held={worker.circuit.held} "
+        f"gate_open={sched.gate_open} probe={sched.probe} ready={list(sched.ready)[:6]} "
+        f"decisions={list(sched.decisions)[:6]} tails={list(sched._tails.values())[:6]} "
+        f"running={worker.pool.running()} completions={len(worker.pool.completions)} "
+        f"partitions={parts}"
+    )
+
+
+# ----------------------------------------------------------------------------- the machine
+class ComposedEngine(RuleBasedStateMachine):
+    combo: Combo = COMBOS[0]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.group: Group | None = None
+        self.outage_until = 0.0
+
+    @initialize(seed=st.integers(0, 2**16))
+    def start(self, seed: int) -> None:
+        self.service = Service(seed, self.combo.kind)
+        self.group = Group(self.combo, self.service)
+        self.group.produce(12, 3)
+        self.group.start_member()
+
+    @rule(n=st.integers(1, 12), keys=st.integers(1, 4))
+    def records_arrive(self, n: int, keys: int) -> None:
+        assert self.group is not None
+        self.group.produce(n, keys)
+
+    @rule(how=st.sampled_from(["revoke", "lost", "restart"]))
+    def hand_over(self, how: str) -> None:
+        assert self.group is not None
+        self.group.handover(how)
+
+    @rule()
+    def outage(self) -> None:
+        """The business service fails every call until a later step (or the end) ends it."""
+        if self.service.down.is_set():
+            self.service.down.clear()
+        else:
+            self.service.down.set()
+
+    @rule(delay=st.sampled_from([0.0, 0.005, 0.03]))
+    def acknowledgements_late(self, delay: float) -> None:
+        LateAcks.delay_s = delay
+
+    @rule()
+    def time_passes(self) -> None:
+        """Let the members work a little between faults (a bounded wait on the calls)."""
+        seen = len(self.service.calls)
+        with contextlib.suppress(AssertionError):
+            wait_for(lambda: len(self.service.calls) > seen, 0.3, interval=0.005)
+
+    @invariant()
+    def never_out_of_order(self) -> None:
+        if self.group is not None:
+            with self.service.lock:
+                calls = list(self.service.calls)
+            check_order(self.combo, calls, self.group)
+
+    def teardown(self) -> None:
+        group = self.group
+        if group is None:
+            return
+        try:
+            self.service.down.clear()
+            LateAcks.delay_s = 0.0
+            try:
+                wait_for(group.finished, SETTLE_S, interval=0.01, what="every offset committed")
+            except AssertionError:
+                raise AssertionError(
+                    f"{self.combo.name}: no progress within {SETTLE_S}s once the faults "
+                    f"stopped; transitions={group.transitions} "
+                    f"committed={[group.broker.committed_offset(GROUP, *tp) for tp in group.tps]}"
+                    f" ends={[len(group.broker.logs[t][p]) for t, p in group.tps]}; "
+                    f"last member: {diagnosis(group.members[-1][0])}"
+                ) from None
+            if self.combo.strict:
+                wait_for(
+                    lambda: all(
+                        v is None
+                        for v in {r.key: r.value for r in group.broker.records(STATE)}.values()
+                    ),
+                    SETTLE_S,
+                    what="every chain entry removed",
+                )
+            group.stop_all()
+            check_order(self.combo, list(self.service.calls), group)
+            check_outcomes(self.combo, group)
+            check_strict(self.combo, group)
+        finally:
+            LateAcks.delay_s = 0.0
+            group.stop_all()
+
+
+@pytest.mark.parametrize("combo", COMBOS, ids=[c.name for c in COMBOS])
+def test_every_feature_keeps_every_guarantee(combo: Combo, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(loop_pool, "ASYNC_CANCEL_GRACE_S", 0.1)
+    machine = type(f"Composed_{combo.name}", (ComposedEngine,), {"combo": combo})
+    run = machine.TestCase
+    run.settings = settings(
+        max_examples=EXAMPLES,
+        stateful_step_count=STEPS,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+        derandomize=os.environ.get("RETRYD_PROPERTY_RANDOM") is None,
+        phases=[Phase.explicit, Phase.reuse, Phase.generate]
+        + ([Phase.shrink] if os.environ.get("RETRYD_PROPERTY_SHRINK") else []),
+    )
+    run().runTest()
+
+
+def test_the_order_check_sees_a_planted_overlap() -> None:
+    """The checks are not vacuous: two overlapping calls of one key on one member fail them."""
+    combo = Combo("key", True, False, False, "sync")
+    group = Group.__new__(Group)
+    group.transitions = []
+    calls = [
+        Call(0, MAIN, 0, 0, b"k0", 0, (0, 0), "ok", 0.0, 2.0),
+        Call(0, MAIN, 0, 1, b"k0", 0, (0, 1), "ok", 1.0, 3.0),
+    ]
+    with pytest.raises(AssertionError, match="overlap"):
+        check_order(combo, calls, group)
+    held_again = [
+        Call(0, MAIN, 0, 0, b"k0", 0, (0, 0), "down", 0.0, 1.0),
+        Call(0, MAIN, 0, 1, b"k0", 0, (0, 1), "ok", 1.0, 2.0),
+        Call(0, MAIN, 0, 0, b"k0", 0, (0, 0), "ok", 2.0, 3.0),  # item 1: ran after a1
+    ]
+    with pytest.raises(AssertionError, match="out of order"):
+        check_order(combo, held_again, group)
