@@ -63,7 +63,7 @@ class PrometheusSink(NullSink):
         # Strict key order's series too: nothing blocked, nothing parked (without strict order
         # they stay 0)
         self.key_order(0, 0, 0.0)
-        for event in ("parked", "released", "duplicate"):
+        for event in ("parked", "released", "duplicate", "waited", "orphan_removed"):
             self._key_order[event] = m.KEY_ORDER.labels(event=event)
         self._transitions = {
             s.value: m.CIRCUIT_TRANSITIONS.labels(to=s.value) for s in CircuitState

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 
-from retryd.policy.key_order import Entry, decode_entry, decode_entry_key
+from retryd.policy.key_order import KIND_DEAD, Entry, decode_entry, decode_entry_key
 
 
 class ChainView:
@@ -41,6 +41,9 @@ class ChainView:
         self.positions: dict[int, int] = {}  # state partition -> next offset read
         self.bad = 0  # state records that are not entries (skipped)
         self.foreign = 0  # entries of other consumer groups (skipped)
+        # chains changed since the engine last looked: records waiting on them decide again
+        self.dirty: set[bytes] = set()
+        self.dead: dict[bytes, int] = {}  # chain -> dead markers it holds (most hold none)
 
     @property
     def full(self) -> bool:
@@ -51,6 +54,9 @@ class ChainView:
 
     def removed(self, chain: bytes, offset: int) -> bool:
         return (chain, offset) in self._removed
+
+    def has_dead(self, chain: bytes) -> bool:
+        return chain in self.dead
 
     def apply(self, key: bytes | None, value: bytes | None, version: int = -1) -> bool:
         """Apply one state record (an add, or a tombstone) written at ``version`` (its offset
@@ -92,6 +98,16 @@ class ChainView:
             return
         found[offset] = entry
         self._removed.pop((chain, offset), None)
+        dead = self.dead
+        delta = (entry.kind == KIND_DEAD) - (old is not None and old.kind == KIND_DEAD)
+        if delta:
+            left = dead.get(chain, 0) + delta
+            if left:
+                dead[chain] = left
+            else:
+                dead.pop(chain, None)
+        # (an add can let a copy run too: one whose own entry this view had not read yet)
+        self.dirty.add(chain)
 
     def remove(self, chain: bytes, offset: int, version: int = -1) -> None:
         found = self.chains.get(chain)
@@ -99,8 +115,16 @@ class ChainView:
             old = found.get(offset)
             if old is not None and version >= 0 and old.version > version:
                 return  # a stale tombstone: the entry was added again since
-            if found.pop(offset, None) is not None:
+            gone = found.pop(offset, None)
+            if gone is not None:
                 self.entries -= 1
+                self.dirty.add(chain)
+                if gone.kind == KIND_DEAD:
+                    left = self.dead.get(chain, 0) - 1
+                    if left > 0:
+                        self.dead[chain] = left
+                    else:
+                        self.dead.pop(chain, None)
                 if not found:
                     del self.chains[chain]
         removed = self._removed

@@ -230,6 +230,7 @@ def decide(
     parked_since_ms: int | None = None,
     max_blocked_ms: int | None = None,
     entered_ms: int | None = None,
+    has_dead: bool = True,
 ) -> Verdict:
     """What to do with a record of a strict key about to run (module docstring).
 
@@ -238,7 +239,10 @@ def decide(
     parked copy was first parked (a copy whose own entry the view does not show is parked again
     at most until the cap, then it runs); ``entered_ms``: when the copy's record entered the
     chain (its first park or first failure): an entry older than the cap may have been removed
-    as an orphan, so such a copy whose entry is gone runs instead of being dropped."""
+    as an orphan, so such a copy whose entry is gone runs instead of being dropped;
+    ``has_dead``: False when the chain is known to hold no dead marker (the view counts them),
+    so the first blocking entry decides (entries are kept in the order they were added, about
+    offset order: a chain of many parked records is decided in a step, not a walk)."""
     if is_copy:
         own = entries.get(origin_offset) if entries else None
         if own is None:
@@ -253,6 +257,16 @@ def decide(
             return Verdict.PARK
     if not entries:
         return Verdict.RUN
+    if not has_dead:
+        expired = False
+        for offset, entry in entries.items():
+            if offset >= origin_offset:
+                continue
+            if max_blocked_ms is not None and now_ms - entry.added_ms > max_blocked_ms:
+                expired = True
+                continue
+            return Verdict.PARK
+        return Verdict.RUN_RELEASED if expired else Verdict.RUN
     blocking = False
     expired = False
     dead_below = False

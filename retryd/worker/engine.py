@@ -63,6 +63,8 @@ SETTLE_WAIT_S = 0.005
 # Past this long it pauses every partition instead, so consume() keeps serving the group.
 THROTTLE_MAX_S = 1.0
 ROUTED_BOUND_S = 30.0  # a revoke waits this long for routed copies' acknowledgements
+ACK_POLL_S = 0.002  # consume() timeout while acknowledgements are awaited
+ASIDE_POLL_S = 0.05  # consume() timeout while strict records wait for their chain
 
 
 def _now_ms() -> int:
@@ -176,8 +178,17 @@ class Worker:
         if self.pool.completions or self.router.blocked or self.router.reports:
             return 0.0
         timeout = BUSY_POLL_S if self.pool.running() or self.scheduler.runnable else poll_s
-        if self.strict is not None and self.strict.busy:
-            timeout = BUSY_POLL_S
+        if self.router.inflight:
+            # acknowledgements are served by this loop: a record whose writes go one after
+            # the other (strict order) would otherwise wait a whole poll per write when
+            # nothing else is going on
+            timeout = min(timeout, ACK_POLL_S)
+        strict = self.strict
+        if strict is not None:
+            if strict.busy:
+                timeout = BUSY_POLL_S
+            elif strict.aside:
+                timeout = min(timeout, ASIDE_POLL_S)  # their chain may move any moment
         due = self.intake.next_due_ms()
         if due is not None:
             timeout = min(timeout, max(0.0, (due - _now_ms()) / 1000))

@@ -357,6 +357,9 @@ class Intake:
                 w.stage = FAILED
                 dead = DEAD_BLOCKED if verdict is Verdict.DEAD else None
                 self.settler.route(w, strict.park_route(w, now_ms, dead))
+        if strict.waited:
+            stats.key_order["waited"] += strict.waited
+            strict.waited = 0
         for step in strict.take_side_writes():
             self.settler.side_write(step)
 

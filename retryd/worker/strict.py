@@ -26,6 +26,12 @@ How a strict record moves:
   ``parked``), then routes the copy; a dead letter routes the copy, then removes the entry (a
   crash between the two redoes the record, never loses it); a success of a record whose entry
   exists removes it. The record keeps its key's lane until the last write is acknowledged.
+- **Blocked records wait here first.** A record blocked by a lower entry (its key's head is
+  still in the chain) is set aside in memory rather than parked: a main-topic record about as
+  long as its head's first retry takes (then it is parked: an entry and a copy, and it leaves
+  its partition), a tier copy until its chain changes (instead of being parked again and again).
+  It goes back into its key's lane as soon as the view shows its chain moved, so when a head
+  succeeds on its retry the records behind it run at once, in order, at handler speed.
 - **Write-through.** An acknowledged state write is applied to the view at once, with its
   offset as version (``ChainView``), so the next record of the key is decided without waiting
   to read it back: parked copies of a key that come due together run one after the other at
@@ -52,7 +58,7 @@ from retryd.policy.headers import header_value
 from retryd.policy.key_order import Verdict
 from retryd.policy.routing import Route
 from retryd.policy.sequence import RetryPlan
-from retryd.worker.lifecycle import DECIDING
+from retryd.worker.lifecycle import DECIDING, WAITING
 from retryd.worker.partition import PartitionState
 from retryd.worker.reading import readable_headers
 from retryd.worker.scheduler import Scheduler
@@ -67,6 +73,11 @@ WATERMARK_TIMEOUT_S = 10.0
 WATERMARK_RETRY_S = 1.0
 SWEEP_S = 60.0
 SWEEP_MAX = 1000  # orphan tombstones per sweep
+ASIDE_MAIN_MAX_MS = 60_000  # a main-topic record waits here at most this long, then parks
+PARTITION_CACHE = 100_000  # chains whose state partition is remembered
+DECIDE_MAX = 20_000  # lane heads decided per poll iteration at most
+RECHECK_S = 1.0  # records set aside are decided again at least this often (the cap, a missed
+# change)
 
 
 class Step(NamedTuple):
@@ -116,8 +127,29 @@ class StrictOrder:
         self.side_inflight = 0  # orphan tombstones not acknowledged yet
         self._state_route = Route(self.state_topic, [], 0, 0, None, None)
         self._watermarks_at = 0.0
+        self._partitions: dict[bytes, int] = {}  # chain -> state partition (murmur2 once)
         self._swept_at = time.monotonic()
         self.pending_side: list[Step] = []  # orphan tombstones the last sweep decided
+        # records blocked by their chain, set aside until it changes (chain -> records)
+        self.aside: dict[bytes, list[Work]] = {}
+        self.aside_count: dict[PartitionState, int] = {}
+        self.aside_bytes = 0
+        self.waited = 0  # records set aside (the ``waited`` event), since the last look
+        self.aside_max = max(1, settings.partition_buffer // 4)
+        self.aside_max_main = max(1, settings.partition_buffer * 3 // 4)
+        self.aside_max_bytes = max(1, settings.buffer_bytes // 4)
+        self._rechecked_at = time.monotonic()
+        # main-topic records set aside: when each was first (id -> epoch ms); they are parked
+        # once blocked longer than the first tier's delay, checked at least that often
+        # id -> (chain, when its current block began or -1 once its chain moved, first aside)
+        self.aside_since: dict[int, tuple[bytes, int, int]] = {}
+        self._swept_aside_at = time.monotonic()
+        # every record set aside is decided again this often (a copy past the cap runs)
+        self.full_recheck_s = max(RECHECK_S, min(60.0, (self.cap_ms or 600_000) / 1000 / 10))
+        # long enough for a head to succeed on its first retry, short enough that a long
+        # block does not hold a main partition's committed offset back for long
+        self.aside_main_ms = min(2 * self.park_delay_ms + 1000, ASIDE_MAIN_MAX_MS)
+        self.recheck_s = min(RECHECK_S, max(self.park_delay_ms / 1000, 0.05))
         reader.assign(
             [TopicPartition(self.state_topic, p, -2) for p in range(state_partitions)]
         )  # -2: OFFSET_BEGINNING
@@ -219,6 +251,17 @@ class StrictOrder:
         self.targets.pop(st, None)
         if self.mains.get((st.topic, st.partition)) is st:
             del self.mains[(st.topic, st.partition)]
+        self.aside_count.pop(st, None)
+        for chain in [c for c, ws in self.aside.items() if any(w.part is st for w in ws)]:
+            for w in self.aside[chain]:
+                if w.part is st:
+                    self.aside_since.pop(id(w), None)
+            kept = [w for w in self.aside[chain] if w.part is not st]
+            self.aside_bytes -= sum(w.size for w in self.aside[chain] if w.part is st)
+            if kept:
+                self.aside[chain] = kept
+            else:
+                del self.aside[chain]
         if self.waiting:
             gone = [w for w in self.waiting if w.part is st]
             if gone:
@@ -230,7 +273,13 @@ class StrictOrder:
         return ko.chain_id(self.group, topic, key)
 
     def partition_of(self, chain: bytes) -> int:
-        return ko.state_partition(chain, self.partitions)
+        cache = self._partitions
+        p = cache.get(chain)
+        if p is None:
+            if len(cache) >= PARTITION_CACHE:
+                cache.clear()
+            p = cache[chain] = ko.state_partition(chain, self.partitions)
+        return p
 
     # ------------------------------------------------------------------ records in
     def mark(self, w: Work, key: bytes) -> bool:
@@ -245,20 +294,52 @@ class StrictOrder:
         w.hold = False
         w.clean = False
         w.stage = DECIDING
+        if env is not None:  # read once: a copy may be decided many times
+            headers, _ = readable_headers(w.msg)
+            try:
+                w.since = ko.parked_since(header_value(headers, ko.PARKED))
+            except Exception:
+                w.since = None
+        else:
+            w.since = None
         return True
 
     def heads(self, now_ms: int) -> list[tuple[Work, Verdict]]:
-        """The lane heads decidable now, with their verdicts (the others wait)."""
+        """The lane heads decidable now, with their verdicts (the others wait). A record
+        blocked by a lower entry that is not going to be written here (a tier copy behind
+        its key's head, a record that cannot be parked while the view is full) is set aside
+        instead of parked again: it leaves its key's lane (``WAITING``), and goes back into it
+        when its chain changes in the view, or at the latest after ``RECHECK_S``."""
+        self._resubmit(now_ms)
         decisions = self.scheduler.decisions
         pending = self.waiting
         self.waiting = []
-        while decisions:
-            pending.append(decisions.popleft())
-        out = []
+        out: list[tuple[Work, Verdict]] = []
+        # Records set aside release their lanes at once, so the heads behind them are decided
+        # in this same call (a key's burst of blocked records must not cost a poll each
+        # before the retry that unblocks them gets its turn); bounded per call.
+        budget = DECIDE_MAX
+        while True:
+            while decisions and len(pending) < budget:
+                pending.append(decisions.popleft())
+            if not pending:
+                break
+            budget -= len(pending)
+            self._decide_all(pending, now_ms, out)
+            pending = []
+            if budget <= 0 or not decisions:
+                break
+        return out
+
+    def _decide_all(
+        self, pending: list[Work], now_ms: int, out: list[tuple[Work, Verdict]]
+    ) -> None:
         release = self.scheduler.release
         for w in pending:
             if w.stage is not DECIDING:
                 release(w)  # discarded with its assignment: the key's next record goes on
+                if self.aside:
+                    self._leave_aside(w)
                 continue
             st = w.part
             if not st.may_start(w.offset):
@@ -270,9 +351,129 @@ class StrictOrder:
             verdict = self._decide(w, now_ms)
             if verdict is None:
                 self.waiting.append(w)
+            elif verdict is Verdict.PARK and self._set_aside(w, now_ms):
+                continue
             else:
+                if self.aside:
+                    self._leave_aside(w)
+                if self.aside_since:
+                    self.aside_since.pop(id(w), None)
                 out.append((w, verdict))
-        return out
+
+    def _set_aside(self, w: Work, now_ms: int) -> bool:
+        """Keep blocked ``w`` here instead of parking it (again): True when it may wait.
+
+        - a tier copy waits until its chain moves: no copy produced again, no tier delay lost;
+        - a main-topic record waits about as long as one retry of what blocks it takes (twice
+          the first tier's delay and a second, per block; a minute in all): the commonest
+          block is a head that succeeds on its retry, and then the records behind it run at
+          once, without an entry and a copy each. Past that it is parked, so a long block
+          never holds its partition's committed offset back for longer (while it waits, a
+          crash redoes the records after it; parked, they are in the chain);
+        - while the view is full nothing can be parked: it waits.
+
+        Bounded per partition and in bytes well under the buffers that pause a partition, so
+        records set aside never keep out the retry they wait for."""
+        if w.env is None and not self.view.full:
+            if self.on_dead_letter is ko.OnDeadLetter.DEAD_LETTER:
+                # its head's dead letter must find it in the chain (to dead-letter it too)
+                return False
+            chain = w.chain
+            assert chain is not None
+            since = self.aside_since.get(id(w))
+            if since is None:
+                since = self.aside_since[id(w)] = (chain, now_ms, now_ms)
+            elif since[1] < 0:  # its chain moved since: a new block starts now
+                since = self.aside_since[id(w)] = (chain, now_ms, since[2])
+            if now_ms - since[1] > self.aside_main_ms or now_ms - since[2] > ASIDE_MAIN_MAX_MS:
+                self.aside_since.pop(id(w), None)
+                return False  # blocked for longer than a retry takes: parked
+        chain = w.chain
+        assert chain is not None
+        index = self.aside.get(chain)
+        if index is None or not any(a is w for a in index):
+            st = w.part
+            count = self.aside_count.get(st, 0)
+            # a tier partition keeps room for the retry its records wait for (it arrives in
+            # the same partition); a main partition's retries are elsewhere: most of its buffer
+            limit = self.aside_max if st.is_tier else self.aside_max_main
+            if count >= limit or self.aside_bytes + w.size > self.aside_max_bytes:
+                return False
+            self.aside_count[st] = count + 1
+            self.aside_bytes += w.size
+            self.aside.setdefault(chain, []).append(w)
+            self.waited += 1
+        w.stage = WAITING
+        self.scheduler.release(w)  # its key's lane goes on without it meanwhile
+        return True
+
+    def _leave_aside(self, w: Work) -> None:
+        """``w`` was decided (or discarded): it no longer holds back its key's records here;
+        the others set aside of its chain are decided again."""
+        chain = w.chain
+        if chain is None:
+            return
+        index = self.aside.get(chain)
+        if not index:
+            return
+        for i, a in enumerate(index):
+            if a is w:
+                del index[i]
+                st = w.part
+                self.aside_count[st] = self.aside_count.get(st, 1) - 1
+                self.aside_bytes -= w.size
+                self.aside_since.pop(id(w), None)
+                if index:
+                    self.view.dirty.add(chain)
+                else:
+                    del self.aside[chain]
+                return
+
+    def _resubmit(self, now_ms: int) -> None:
+        """Records set aside go back into their key's lane, in offset order, to be decided
+        again: every record of a chain that changed in the view (a removal lets a blocked one
+        run, an add one whose own entry the view had not read yet), main-topic records blocked
+        past their wait (to be parked), and now and then every record (the cap may have
+        released one)."""
+        aside = self.aside
+        dirty = self.view.dirty
+        if not aside:
+            dirty.clear()
+            return
+        now = time.monotonic()
+        chains = {c for c in dirty if c in aside}
+        dirty.clear()
+        since = self.aside_since
+        if chains and since:
+            for w in (w for c in chains for w in aside[c] if w.env is None):
+                block = since.get(id(w))
+                if block is not None:
+                    since[id(w)] = (block[0], -1, block[2])
+        if now - self._rechecked_at >= self.recheck_s:
+            self._rechecked_at = now
+            if now - self._swept_aside_at >= self.full_recheck_s:
+                self._swept_aside_at = now
+                chains.update(aside)
+            else:
+                horizon = now_ms - self.aside_main_ms
+                chains.update(c for c, block, _ in since.values() if 0 <= block < horizon)
+        back: list[Work] = []
+        for chain in chains:
+            index = aside.get(chain)
+            if not index:
+                continue
+            # they stay in the index until decided, so that a later record of their key
+            # decided first (it may head the lane) still waits behind them
+            for w in list(index):
+                if w.stage is WAITING:
+                    w.stage = DECIDING
+                    w.next = None
+                    back.append(w)
+                elif w.stage is not DECIDING:
+                    self._leave_aside(w)  # discarded with its assignment
+        if back:
+            back.sort(key=self.origin_offset)
+            self.scheduler.submit(back)
 
     def _decide(self, w: Work, now_ms: int) -> Verdict | None:
         chain = w.chain
@@ -280,11 +481,25 @@ class StrictOrder:
         view = self.view
         entries = view.get(chain)
         env = w.env
+        origin = w.offset if env is None else env.original_offset
+        aside = self.aside.get(chain)
+        if aside and any(a is not w and self.origin_offset(a) < origin for a in aside):
+            return Verdict.PARK  # behind a record of its key waiting here (it has no entry)
         if env is None:  # a main-topic record
             if not self._caught_up(w.part, chain):
                 return None
+            if not (entries and w.offset in entries) and view.removed(chain, w.offset):
+                # consumed again (its input was not committed) after its chain ended here or
+                # elsewhere: it was handled or dead-lettered already; running it again would
+                # put it in a second place, or a success after later records' successes
+                return Verdict.DUPLICATE
             verdict = ko.decide(
-                entries, w.offset, now_ms, is_copy=False, max_blocked_ms=self.cap_ms
+                entries,
+                w.offset,
+                now_ms,
+                is_copy=False,
+                max_blocked_ms=self.cap_ms,
+                has_dead=view.has_dead(chain),
             )
             if verdict is Verdict.PARK and view.full:
                 return None  # parking adds an entry: wait until the view has room
@@ -297,11 +512,7 @@ class StrictOrder:
             w.clean = verdict is Verdict.RUN and not entries
             return verdict
         w.hold = True
-        headers, _ = readable_headers(w.msg)
-        try:
-            since = ko.parked_since(header_value(headers, ko.PARKED))
-        except Exception:
-            since = None
+        since = w.since
         return ko.decide(
             entries,
             env.original_offset,
@@ -311,6 +522,7 @@ class StrictOrder:
             parked_since_ms=since,
             max_blocked_ms=self.cap_ms,
             entered_ms=since or env.first_failure_timestamp,
+            has_dead=view.has_dead(chain),
         )
 
     # ------------------------------------------------------------------ routes and steps

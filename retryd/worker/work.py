@@ -37,6 +37,7 @@ class Work:
         "result",
         "route",
         "seconds",
+        "since",
         "size",
         "stage",
         "steps",
@@ -60,6 +61,7 @@ class Work:
     steps: list[Any] | None  # writes still to make before the record settles (in order)
     hold: bool  # a success settles through the poll thread (its chain entry is removed first)
     clean: bool  # decided to run with no chain entry: a success hands that verdict on
+    since: int | None  # a parked copy: when it was first parked (its retryd_parked header)
 
     @property
     def topic(self) -> str:

