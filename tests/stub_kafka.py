@@ -444,6 +444,41 @@ class StubProducer:
         return 0
 
 
+@dataclass
+class LateAcksProducer(StubProducer):
+    """A producer whose acknowledgements arrive ``delay()`` seconds after each write (read at
+    each write, so a test can change it while a run goes on), as from a broker whose replicas
+    are slow; ``flush`` waits for them, as librdkafka's does."""
+
+    delay: Callable[[], float] = field(default=lambda: 0.0)
+    due: dict[int, float] = field(default_factory=dict)
+
+    def produce(self, topic: str, *args: Any, **kw: Any) -> None:
+        super().produce(topic, *args, **kw)
+        self.due[id(self.pending[-1])] = time.monotonic() + self.delay()
+
+    def poll(self, timeout: float = 0) -> int:
+        due = self.due
+        now = time.monotonic()
+        ready = [p for p in self.pending if due.get(id(p), 0) <= now]
+        if not ready:
+            return 0
+        self.pending = [p for p in self.pending if due.get(id(p), 0) > now]
+        for p in ready:
+            due.pop(id(p), None)
+            if p.callback is not None:
+                p.callback(p.error, _Delivered(p.record) if p.record else None)
+        return len(ready)
+
+    def flush(self, timeout: float = -1) -> int:
+        deadline = time.monotonic() + (timeout if timeout >= 0 else 60)
+        while self.pending and time.monotonic() < deadline:
+            self.poll()
+            if self.pending:
+                time.sleep(0.002)  # the client's flush blocks until acknowledged
+        return len(self.pending)
+
+
 class _Delivered:
     def __init__(self, rec: StubRecord) -> None:
         self._rec = rec

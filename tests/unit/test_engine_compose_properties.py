@@ -57,7 +57,7 @@ from retryd.policy import key_order as ko
 from retryd.worker import loop_pool
 from retryd.worker.assembly import build_worker
 from retryd.worker.engine import Worker
-from tests.stub_kafka import StubBroker, StubProducer, StubReader, _Delivered
+from tests.stub_kafka import LateAcksProducer, StubBroker, StubReader
 from tests.support import wait_for
 
 MAIN = "orders"
@@ -206,40 +206,8 @@ def _raise_for(outcome: str) -> None:
         raise NonRetryableError("poison")
 
 
-class LateAcks(StubProducer):
-    """A producer whose acknowledgements arrive ``delay_s`` after each write (settable while
-    the run goes on); ``flush`` waits for them, as librdkafka's does."""
-
-    delay_s = 0.0
-
-    def produce(self, topic: str, *args: Any, **kw: Any) -> None:
-        super().produce(topic, *args, **kw)
-        self.__dict__.setdefault("due", {})[id(self.pending[-1])] = (
-            time.monotonic() + LateAcks.delay_s
-        )
-
-    def poll(self, timeout: float = 0) -> int:
-        due = self.__dict__.setdefault("due", {})
-        now = time.monotonic()
-        ready = [p for p in self.pending if due.get(id(p), 0) <= now]
-        if not ready:
-            return 0
-        self.pending = [p for p in self.pending if due.get(id(p), 0) > now]
-        for p in ready:
-            due.pop(id(p), None)
-            if p.callback is not None:
-                p.callback(p.error, _Delivered(p.record) if p.record else None)
-        return len(ready)
-
-    def flush(self, timeout: float = -1) -> int:
-        if self.transactional:
-            LateAcks.delay_s = 0.0  # (a commit flushes: late acks would only slow the test)
-        deadline = time.monotonic() + (timeout if timeout >= 0 else 60)
-        while self.pending and time.monotonic() < deadline:
-            self.poll()
-            if self.pending:
-                time.sleep(0.002)  # librdkafka's flush blocks until acknowledged
-        return len(self.pending)
+# how late acknowledgements arrive (seconds), changed by the machine while a run goes on
+LATE_ACKS = [0.0]
 
 
 # ----------------------------------------------------------------------------- the group
@@ -297,7 +265,7 @@ class Group:
             return broker.consumer({**conf, "stub.manual_assign": True})
 
         def producer(conf: dict[str, Any]) -> Any:
-            p = LateAcks(broker, conf)
+            p = LateAcksProducer(broker, conf, delay=lambda: LATE_ACKS[0])
             broker.producers.append(p)
             return p
 
@@ -533,7 +501,7 @@ class ComposedEngine(RuleBasedStateMachine):
 
     @rule(delay=st.sampled_from([0.0, 0.005, 0.03]))
     def acknowledgements_late(self, delay: float) -> None:
-        LateAcks.delay_s = delay
+        LATE_ACKS[0] = delay
 
     @rule()
     def time_passes(self) -> None:
@@ -555,7 +523,7 @@ class ComposedEngine(RuleBasedStateMachine):
             return
         try:
             self.service.down.clear()
-            LateAcks.delay_s = 0.0
+            LATE_ACKS[0] = 0.0
             try:
                 wait_for(group.finished, SETTLE_S, interval=0.01, what="every offset committed")
             except AssertionError:
@@ -580,7 +548,7 @@ class ComposedEngine(RuleBasedStateMachine):
             check_outcomes(self.combo, group)
             check_strict(self.combo, group)
         finally:
-            LateAcks.delay_s = 0.0
+            LATE_ACKS[0] = 0.0
             group.stop_all()
 
 

@@ -21,7 +21,7 @@ from retryd.worker import strict as strict_module
 from retryd.worker.assembly import build_worker
 from retryd.worker.engine import Worker
 from retryd.worker.lifecycle import NO_HOOKS, RaceHooks
-from tests.stub_kafka import StubBroker, StubProducer, StubReader, _Delivered
+from tests.stub_kafka import LateAcksProducer, StubBroker, StubReader
 from tests.support import wait_for
 from tests.unit.test_engine_strict import GROUP, MAIN, STATE, Log, send, state_entries
 
@@ -96,35 +96,6 @@ def _origin(rec: Any) -> tuple[int, int]:
     )
 
 
-class DelayedAcks(StubProducer):
-    """Acknowledgements that arrive ``DELAY_S`` after each write, as from a broker whose
-    replicas are slow; ``flush`` waits for them, as librdkafka's does."""
-
-    DELAY_S = 0.2
-
-    def produce(self, topic: str, *args: Any, **kw: Any) -> None:
-        super().produce(topic, *args, **kw)
-        self.__dict__.setdefault("due", {})[id(self.pending[-1])] = time.monotonic() + self.DELAY_S
-
-    def poll(self, timeout: float = 0) -> int:
-        due = self.__dict__.setdefault("due", {})
-        now = time.monotonic()
-        ready = [p for p in self.pending if due.get(id(p), 0) <= now]
-        self.pending = [p for p in self.pending if due.get(id(p), 0) > now]
-        for p in ready:
-            due.pop(id(p), None)
-            if p.callback is not None:
-                p.callback(p.error, _Delivered(p.record) if p.record else None)
-        return len(ready)
-
-    def flush(self, timeout: float = -1) -> int:
-        deadline = time.monotonic() + (timeout if timeout >= 0 else 60)
-        while self.pending and time.monotonic() < deadline:
-            self.poll()
-            time.sleep(0.005)  # librdkafka's flush blocks until the acknowledgements came
-        return len(self.pending)
-
-
 def test_a_revoke_waits_for_every_write_of_a_strict_record(
     broker: StubBroker, tmp_path: Path
 ) -> None:
@@ -137,7 +108,11 @@ def test_a_revoke_waits_for_every_write_of_a_strict_record(
         raise RuntimeError("down")
 
     worker = _worker(
-        broker, tmp_path, fail, manual=True, producer=lambda conf: DelayedAcks(broker, conf)
+        broker,
+        tmp_path,
+        fail,
+        manual=True,
+        producer=lambda conf: LateAcksProducer(broker, conf, delay=lambda: 0.2),
     )
     send(broker, [b"a", b"a", b"a"], PARTITIONS)
     part = ko.murmur2(b"a") % PARTITIONS
