@@ -114,6 +114,10 @@ class StubBroker:
         self.commit_log: list[tuple[float, str, str, int, int]] = []
         self.consumers: list[StubConsumer] = []
         self.producers: list[StubProducer] = []
+        # a topic's max.message.bytes, as the broker enforces it: a record over it is refused
+        # with every record batched with it (a producer batches what it was given before its
+        # next poll, unless it is configured batch.num.messages=1)
+        self.max_bytes: dict[str, int] = {}
 
     def create(self, topic: str, partitions: int = 1) -> None:
         with self.lock:
@@ -387,6 +391,20 @@ class StubProducer:
         if self.fail_next.get(topic):
             self.pending.append(_Pending(cb, None, KafkaError(self.fail_next[topic].pop(0))))
             return
+        limit = self.broker.max_bytes.get(topic)
+        if limit is not None:
+            size = len(kw.get("value") or b"") + len(kw.get("key") or b"")
+            alone = str(self.conf.get("batch.num.messages")) == "1"
+            if size > limit:
+                # the broker refuses the whole batch: what this producer holds for the topic
+                too_large = KafkaError(KafkaError.MSG_SIZE_TOO_LARGE)
+                if not alone:
+                    for p in self.pending:
+                        if p.record is not None and p.record.topic == topic:
+                            p.record.aborted = True  # never written
+                            p.record, p.error = None, too_large
+                self.pending.append(_Pending(cb, None, too_large))
+                return
         rec = self.broker.append(
             topic,
             kw.get("key"),

@@ -34,6 +34,7 @@ from retryd.tracing import NO_TRACING, Tracing, tracing_from_env
 from retryd.worker.book import ConsumerLike, PartitionBook
 from retryd.worker.circuit import Circuit
 from retryd.worker.clients import (
+    alone_producer_config,
     transactional_id,
     worker_consumer_config,
     worker_producer_config,
@@ -185,7 +186,13 @@ def build_worker(
     # without a traceparent stays one trace); the handler itself when tracing is off
     handler = tracing.wrap(handler, settings.group_id)
     pool = _pool(settings, handler, scheduler, lifecycle, events)
-    router = Router(producer, counts)
+    alone = None
+    if not settings.exactly_once:  # (a transaction's copies go through its one producer)
+
+        def alone() -> ProducerLike:
+            return producer_factory(alone_producer_config(settings))
+
+    router = Router(producer, counts, alone)
     circuit = Circuit(
         Breaker(settings.breaker_policy, int(time.time() * 1000)),
         scheduler,

@@ -63,6 +63,16 @@ def worker_producer_config(
     return conf
 
 
+def alone_producer_config(settings: Settings) -> dict[str, Any]:
+    """A producer that never batches: a copy the broker refused as too large is sent again
+    on it, alone. The broker refuses a whole batch when it is over a topic's
+    ``max.message.bytes``, so a small copy batched with a big one is refused too; only a copy
+    refused when alone is too large itself."""
+    return producer_config(
+        common_config(settings), "router-alone", **{"linger.ms": 0, "batch.num.messages": 1}
+    )
+
+
 def transactional_id(settings: Settings, role: Role, instance: int) -> str:
     """Stable across restarts of the same process slot (the supervisor restarts a child in its
     slot; a pod keeps its hostname in a StatefulSet), so ``init_transactions`` fences the

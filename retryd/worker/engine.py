@@ -317,7 +317,13 @@ class Worker:
         # Every record of these partitions that is writing (a routed copy, or strict order's
         # writes one after the other) finishes its writes, so release never drops one half
         # written: a copy whose acknowledgement sends the next write is waited for too.
+        # With nothing in flight or waiting for room no acknowledgement can come: a record
+        # still ROUTING then had a write refused for good (the run stops), so stop waiting.
+        router = self.router
+
         def writes_done() -> bool:
+            if not router.inflight and not router.blocked and not router.reports:
+                return True
             return not any(w.stage is ROUTING for st in states for w in st.pending)
 
         if not self._settle_until(writes_done, ROUTED_BOUND_S):

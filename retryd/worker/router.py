@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
 from confluent_kafka import KafkaError, KafkaException
@@ -50,8 +51,17 @@ class Router:
     the context given to ``send``: one small closure per copy, no keyword dictionaries, so the
     per-failure cost is the client's ``produce`` itself."""
 
-    def __init__(self, producer: ProducerLike, partition_counts: dict[str, int]) -> None:
+    def __init__(
+        self,
+        producer: ProducerLike,
+        partition_counts: dict[str, int],
+        alone: Callable[[], ProducerLike] | None = None,
+    ) -> None:
         self._producer = producer
+        # a copy refused as too large is sent again on a producer that never batches (made on
+        # first use): the broker refuses a whole batch, small copies beside a big one too
+        self._alone_factory = alone
+        self._alone: ProducerLike | None = None
         self.partition_counts = partition_counts
         self.reports: deque[Report] = deque()
         self.inflight = 0  # produced, not yet acknowledged or failed
@@ -131,9 +141,40 @@ class Router:
         self.inflight += 1
         return True
 
+    @property
+    def can_send_alone(self) -> bool:
+        return self._alone_factory is not None
+
+    def send_alone(
+        self,
+        route: Route,
+        key: bytes | None,
+        value: bytes | None,
+        source_partition: int,
+        context: Any,
+    ) -> None:
+        """Send one copy in a batch of its own (its report arrives like any other)."""
+        assert self._alone_factory is not None
+        if self._alone is None:
+            self._alone = self._alone_factory()
+        count = self.partition_counts.get(route.topic)
+        partition = (
+            source_partition
+            if count is not None and 0 <= source_partition < count
+            else PARTITION_UNASSIGNED
+        )
+        producer, self._producer = self._producer, self._alone
+        try:
+            while not self._produce(route, key, value, partition, context):
+                self._alone.poll(0.05)  # (its queue is tiny: one copy at a time, rarely)
+        finally:
+            self._producer = producer
+
     def poll(self) -> None:
         """Serve delivery reports, then move waiting copies into the freed room."""
         self._producer.poll(0)
+        if self._alone is not None:
+            self._alone.poll(0)
         backlog = self._backlog
         while backlog and self._produce(*backlog[0]):
             item = backlog.popleft()
@@ -148,4 +189,6 @@ class Router:
         if not self.inflight:
             return len(self._backlog)
         remaining = self._producer.flush(max(deadline - time.monotonic(), 0.0))
+        if self._alone is not None:
+            remaining += self._alone.flush(max(deadline - time.monotonic(), 0.0))
         return int(remaining) + len(self._backlog)

@@ -6,10 +6,11 @@ owns the router's side of a record's life: FAILED → ROUTING → ACKED through 
 ``Lifecycle``, so a record whose assignment was released is never routed, and a late
 acknowledgement of one changes nothing.
 
-A copy the broker refuses as too large is replaced by a dead letter without the payload
-(``too_large``); one refused for now (timed out in the client during an outage, too few
-in-sync replicas, a leader moving) is sent again; any other refusal stops the run with the
-input uncommitted.
+A copy the broker refuses as too large is sent again alone (the broker refuses a whole
+batch, so a small copy batched with a big one is refused too), and replaced by a dead letter
+without the payload (``too_large``) only when it is refused alone too; one refused for now
+(timed out in the client during an outage, too few in-sync replicas, a leader moving) is sent
+again; any other refusal stops the run with the input uncommitted.
 
 With ``exactly_once`` a copy is sent only at its partition's *settled frontier* (every lower
 offset settled: ``route_frontier``), and counts as settled as soon as it is sent: the
@@ -112,6 +113,7 @@ class Settler:
         # (topic, partition, offset) -> (size, broker error) of copies refused as too large
         self._oversize: dict[tuple[str, int, int], tuple[int, str]] = {}
         self.resent = 0  # copies sent again after a transient refusal
+        self._alone_sent: set[int] = set()  # records whose copy was sent again alone (ids)
 
     def settle(self, completions: deque[Work], limit: int | None = None) -> int:
         """Route every finished call that failed (successes settle on their slot), at most
@@ -320,6 +322,8 @@ class Settler:
 
     def _acked(self, w: Work, route: Route, partition: int, offset: int) -> None:
         """The broker acknowledged ``w``'s copy (acks=all): ``w`` is done."""
+        if self._alone_sent:
+            self._alone_sent.discard(id(w))
         target = self.book.parts.get((route.topic, partition))
         if target is not None and offset + 1 > target.known_end:
             target.known_end = offset + 1
@@ -379,6 +383,23 @@ class Settler:
             return
         strict_step = self.strict is not None and w.part.strict and bool(w.steps)
         if too_large and not (strict_step and route.topic == self.strict.state_topic):  # type: ignore[union-attr]
+            if self.router.can_send_alone and id(w) not in self._alone_sent:
+                # the broker refuses a whole batch over a topic's max.message.bytes: this copy
+                # may only have been beside a big one. Alone, it is judged on its own size.
+                self._alone_sent.add(id(w))
+                log.info(
+                    "%s: routed copy to %s refused as too large (%s); sending it again alone",
+                    w.where,
+                    route.topic,
+                    err.str(),
+                )
+                raw = w.raw
+                key, value = (
+                    (raw.key(), raw.value()) if raw is not None else (w.msg.key, w.msg.value)
+                )
+                self.router.send_alone(route, key, value, w.msg.partition, w)
+                return
+            self._alone_sent.discard(id(w))
             if strict_step:  # the dead letter that replaces the copy ends the chain entry
                 assert self.strict is not None and w.steps is not None
                 w.steps[1:] = self.strict.success_steps(w)

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import KafkaError
 
 from retryd.handlers.base import Message
 from retryd.policy import headers as h
@@ -327,7 +326,7 @@ def test_a_copy_too_large_for_the_broker_is_dead_lettered_without_payload(
             raise ValueError("route me")
 
     worker = make_worker(broker, tmp_path, fail, max_in_flight=1)
-    broker.producers[0].fail_topics["retry_1s"] = KafkaError.MSG_SIZE_TOO_LARGE
+    broker.max_bytes["retry_1s"] = 1  # every copy is over the tier's max.message.bytes
     send(broker, 10, keys=1)
     summary = worker.run(until_drained=True)  # exited 3 and restarted into it forever before
     dead = broker.records(worker.settings.failed_topic)
@@ -350,13 +349,37 @@ def test_a_dead_letter_too_large_even_without_payload_stops_with_input_uncommitt
             raise ValueError("route me")
 
     worker = make_worker(broker, tmp_path, fail, max_in_flight=1)
-    producer = broker.producers[0]
-    producer.fail_topics["retry_1s"] = KafkaError.MSG_SIZE_TOO_LARGE
-    producer.fail_topics[worker.settings.failed_topic] = KafkaError.MSG_SIZE_TOO_LARGE
+    broker.max_bytes["retry_1s"] = 1
+    broker.max_bytes[worker.settings.failed_topic] = 0  # not even the envelope fits
     send(broker, 10, keys=1)
     with pytest.raises(DeliveryError, match=r"max\.message\.bytes"):
         worker.run(until_drained=True)
     assert broker.committed_offset(GROUP, MAIN) == 3
+
+
+def test_a_small_copy_refused_with_a_big_one_in_its_batch_is_routed_intact(
+    broker: StubBroker, tmp_path: Path
+) -> None:
+    """The broker refuses a whole batch over a topic's max.message.bytes: the small copies
+    batched with a big one are sent again alone and routed with their payload; only the big
+    one becomes a ``too_large`` dead letter."""
+    worker = make_worker(broker, tmp_path, _fail_first_attempt, max_in_flight=4)
+    broker.max_bytes["retry_1s"] = 1000
+    for i in range(6):
+        value = b"x" * 5000 if i == 2 else b"v%d" % i
+        broker.append(MAIN, b"k%d" % i, value)
+    worker.run(until_drained=True)
+    dead = broker.records(worker.settings.failed_topic)
+    assert [dict(d.headers)[h.ORIGINAL_OFFSET] for d in dead] == [b"2"]
+    assert dict(dead[0].headers)[h.DEAD_REASON] == b"too_large"
+    tier = [r for r in broker.records("retry_1s") if not r.aborted]
+    assert sorted(r.value for r in tier) == sorted(b"v%d" % i for i in range(6) if i != 2)
+    assert broker.committed_offset(GROUP, MAIN) == 6
+
+
+def _fail_first_attempt(m: Message) -> None:
+    if m.retry_number == 0:
+        raise ValueError("route me")
 
 
 # ------------------------------------------------------------------ header names
