@@ -182,8 +182,42 @@ class AsyncHandler(Protocol):
     async def aclose(self) -> None: ...
 
 
-Handler = SyncHandler | AsyncHandler
+@runtime_checkable
+class SyncBatchHandler(Protocol):
+    """Calls blocking business code with many records at once, on a pool thread: one call for
+    up to ``max_batch`` ready records, one ``HandlerResult`` per record, in the order given.
+    Each record then goes its own way (success, its own retry tiers, its own dead letter), so
+    a batch call is never all-or-nothing. ``call_batch`` never raises: a failure of the whole
+    call is that result for every record. The pool enforces ``timeout_s`` per call."""
+
+    timeout_s: float
+    max_batch: int
+
+    def call_batch(self, messages: Sequence[Message]) -> Sequence[HandlerResult]: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class AsyncBatchHandler(Protocol):
+    """``SyncBatchHandler`` on the worker's event loop (an ``async def handle_batch``, or the
+    HTTP adapter's bulk mode: one request carrying many records, per-record outcomes in the
+    answer). ``acall_batch`` never raises except ``asyncio.CancelledError`` on timeout."""
+
+    timeout_s: float
+    max_batch: int
+
+    async def acall_batch(self, messages: Sequence[Message]) -> Sequence[HandlerResult]: ...
+
+    async def aclose(self) -> None: ...
+
+
+Handler = SyncHandler | AsyncHandler | SyncBatchHandler | AsyncBatchHandler
 
 
 def is_async_handler(handler: Handler) -> bool:
-    return hasattr(handler, "acall")
+    return hasattr(handler, "acall") or hasattr(handler, "acall_batch")
+
+
+def is_batch_handler(handler: Handler) -> bool:
+    return hasattr(handler, "call_batch") or hasattr(handler, "acall_batch")
