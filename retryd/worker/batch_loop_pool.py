@@ -136,7 +136,12 @@ class _BatchLoop(_Loop):
             except BaseException as exc:  # adapters never raise; if one does, retry all
                 results = [adapter_failure(exc)] * n
             if not complete(lifecycle, slot, batch, attempts, results, perf() - started, done):
-                return  # abandoned: the pool owns the records it did not finish
+                # abandoned: the pool owns the records it did not finish; the lanes of those
+                # it did are released here (the watchdog hands back only running records)
+                scheduler.release_settled(held)
+                return
+        if held:
+            scheduler.release_settled(held)  # abandoned right after a call: its lanes move on
 
     def _give_back(
         self, lifecycle: Lifecycle, held: list[Work], batch: list[Work], attempts: list[int]

@@ -323,8 +323,14 @@ def test_an_async_call_ignoring_its_cancellation_abandons_the_loop_and_loses_not
     worker = make_worker(
         broker, tmp_path, func, batch=4, handler_timeout_s=0.2, sequence="10ms", max_in_flight=12
     )
-    send(broker, 60)
-    worker.run(until_drained=True)
+    send(broker, 60, keys=5)  # lanes: calls that ended on the abandoned loop release theirs
+    thread = threading.Thread(target=worker.run, kwargs={"until_drained": True}, daemon=True)
+    thread.start()
+    thread.join(60)
+    if thread.is_alive():
+        worker.stop()
+        thread.join(30)
+        pytest.fail("the worker did not drain after its loop was abandoned")
     assert stuck.is_set()
     assert worker.pool.abandoned >= 1
     assert ok == set(range(60))
