@@ -99,23 +99,26 @@ def test_keyed_shape_parallel_consumer(bootstrap: str, jars: dict[str, Any]) -> 
 
 
 def test_retry_shape_spring(bootstrap: str, jars: dict[str, Any]) -> None:
+    """Every record fails once and succeeds on its retry; a second group on the same topic
+    (whose retry topic still holds the first run's retries) counts only its own."""
     topic = keyed_topic(bootstrap, RETRY_RECORDS)
-    result = java.run(
-        "spring",
-        bootstrap,
-        topic,
-        unique("g"),
-        RETRY_RECORDS,
-        "retry",
-        retry_delay_ms=1000,
-        timeout_s=240,
-    )
-    assert_measured(result, "spring-kafka", RETRY_RECORDS)
-    assert result["config"]["RetryableTopic.attempts"] == 2
-    lateness = result["lateness_ms"]
-    assert lateness["count"] == RETRY_RECORDS
-    assert lateness["min"] <= lateness["p50"] <= lateness["p99"] <= lateness["max"]
-    assert lateness["min"] >= -5, f"a retry came early: {lateness}"
+    for _run in range(2):
+        result = java.run(
+            "spring",
+            bootstrap,
+            topic,
+            unique("g"),
+            RETRY_RECORDS,
+            "retry",
+            retry_delay_ms=1000,
+            timeout_s=240,
+        )
+        assert_measured(result, "spring-kafka", RETRY_RECORDS)
+        assert result["config"]["RetryableTopic.attempts"] == 2
+        lateness = result["lateness_ms"]
+        assert lateness["count"] == RETRY_RECORDS
+        assert lateness["min"] <= lateness["p50"] <= lateness["p99"] <= lateness["max"]
+        assert lateness["min"] >= -5, f"a retry came early: {lateness}"
 
 
 def test_refusals(bootstrap: str, jars: dict[str, Any]) -> None:

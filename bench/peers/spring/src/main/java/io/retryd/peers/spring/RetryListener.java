@@ -2,6 +2,7 @@ package io.retryd.peers.spring;
 
 import io.retryd.peers.common.Meter;
 import io.retryd.peers.common.PeerArgs;
+import java.math.BigInteger;
 import java.nio.ByteBuffer;
 import java.util.Map;
 import java.util.concurrent.ConcurrentHashMap;
@@ -10,6 +11,7 @@ import org.apache.kafka.common.header.Header;
 import org.springframework.kafka.annotation.BackOff;
 import org.springframework.kafka.annotation.KafkaListener;
 import org.springframework.kafka.annotation.RetryableTopic;
+import org.springframework.kafka.retrytopic.RetryTopicHeaders;
 import org.springframework.kafka.support.KafkaHeaders;
 
 /**
@@ -22,10 +24,13 @@ import org.springframework.kafka.support.KafkaHeaders;
  * counted. Use a fresh topic per run.
  */
 public class RetryListener {
+    /** Clock slack when telling an earlier run's retry by its due time (Spring's, in wall ms). */
+    private static final long STALE_MS = 50;
+
     private final Meter meter;
     private final String mainTopic;
     private final long delayMs;
-    private final Map<Long, Long> failedAt = new ConcurrentHashMap<>();
+    private final Map<Long, long[]> failedAt = new ConcurrentHashMap<>(); // {nanoTime, wall ms}
 
     public RetryListener(Meter meter, PeerArgs args) {
         this.meter = meter;
@@ -42,7 +47,7 @@ public class RetryListener {
     public void listen(ConsumerRecord<byte[], byte[]> record) {
         long now = System.nanoTime();
         if (record.topic().equals(mainTopic)) {
-            failedAt.put(id(record.partition(), record.offset()), System.nanoTime());
+            failedAt.put(id(record.partition(), record.offset()), new long[] {System.nanoTime(), System.currentTimeMillis()});
             throw new FirstAttemptFailure();
         }
         Header partition = record.headers().lastHeader(KafkaHeaders.ORIGINAL_PARTITION);
@@ -50,14 +55,17 @@ public class RetryListener {
         if (partition == null || offset == null) {
             return; // not forwarded by Spring: not this run's
         }
-        Long failed = failedAt.remove(
-                id(ByteBuffer.wrap(partition.value()).getInt(), ByteBuffer.wrap(offset.value()).getLong()));
-        if (failed == null) {
+        long key = id(ByteBuffer.wrap(partition.value()).getInt(), ByteBuffer.wrap(offset.value()).getLong());
+        long[] failed = failedAt.get(key);
+        Header due = record.headers().lastHeader(RetryTopicHeaders.DEFAULT_HEADER_BACKOFF_TIMESTAMP);
+        if (failed == null || (due != null && new BigInteger(due.value()).longValue() < failed[1] + delayMs - STALE_MS)) {
             // The retry topic belongs to the main topic, not to the group: a new group reads
-            // the retries an earlier run left there. Not this run's records: not counted.
+            // the retries an earlier run left there (due before this run's failure of the same
+            // record). Not this run's: neither handled nor counted.
             return;
         }
-        meter.lateness((now - failed) / 1e6 - delayMs);
+        failedAt.remove(key);
+        meter.lateness((now - failed[0]) / 1e6 - delayMs);
         meter.handled();
     }
 
