@@ -129,3 +129,15 @@ def test_refusals(bootstrap: str, jars: dict[str, Any]) -> None:
         java.run("parallel-consumer", bootstrap, topic, unique("g"), 1, "retry", timeout_s=30)
     with pytest.raises(java.PeerRefused, match="warm-from"):
         java.run("spring", bootstrap, topic, unique("g"), 1, "success", warm_from=5)
+
+
+def test_maven_failure_names_the_step() -> None:
+    output = (
+        "\x1b[1;31m[ERROR]\x1b[m Failed to execute goal org.apache.maven.plugins:"
+        "maven-compiler-plugin:3.13.0:compile (default-compile) on project spring-peer: "
+        "Compilation failure\n[ERROR] /x/SpringPeer.java:[3,1] ';' expected\n[ERROR] \n"
+    )
+    message = java.maven_failure(output)
+    assert message.startswith("Maven step org.apache.maven.plugins:maven-compiler-plugin")
+    assert "';' expected" in message
+    assert java.maven_failure("").endswith("no output")
