@@ -184,12 +184,15 @@ def run(
             proc = subprocess.Popen(cmd, stdout=so, stderr=se, stdin=subprocess.DEVNULL)
             try:
                 status = proc.wait(timeout=timeout_s + GRACE_S)
-            except BaseException:
+            except subprocess.TimeoutExpired:
                 _stop(proc)
                 raise PeerError(
                     f"{name} peer did not finish within {timeout_s + GRACE_S:.0f} s "
                     f"(stopped): {_tail(stderr)}"
                 ) from None
+            except BaseException:  # interrupted (Ctrl-C, SIGTERM as KeyboardInterrupt)
+                _stop(proc)
+                raise
         if status == REFUSED:
             raise PeerRefused(f"{name} peer refused: {_tail(stderr)}")
         if status != 0:

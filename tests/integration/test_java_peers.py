@@ -98,6 +98,17 @@ def test_keyed_shape_parallel_consumer(bootstrap: str, jars: dict[str, Any]) -> 
     assert result["wall_s"] > 300 * 0.0025 / 8
 
 
+def test_keyed_shape_spring(bootstrap: str, jars: dict[str, Any]) -> None:
+    """Spring runs the keyed shape too: one container thread per partition at most."""
+    topic = keyed_topic(bootstrap, RECORDS)
+    result = java.run(
+        "spring", bootstrap, topic, unique("g"), RECORDS, "keyed", concurrency=3, timeout_s=120
+    )
+    assert_measured(result, "spring-kafka", RECORDS)
+    assert result["config"]["container.concurrency"] == 3
+    assert result["wall_s"] > 300 * 0.0025 / 3
+
+
 def test_retry_shape_spring(bootstrap: str, jars: dict[str, Any]) -> None:
     """Every record fails once and succeeds on its retry; a second group on the same topic
     (whose retry topic still holds the first run's retries) counts only its own."""
