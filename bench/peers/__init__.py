@@ -1,0 +1,1 @@
+"""Peers of retryd's peer benchmark: other systems run on the same broker, side by side."""
