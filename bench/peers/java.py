@@ -10,6 +10,7 @@ time-out.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -78,10 +79,23 @@ def _stale(name: str) -> bool:
 
 def build(name: str) -> Path:
     """The peer's runnable jar, built with ``mvn -q package`` when missing or older than any
-    of its sources (the jar stays in ``bench/peers/<name>/target/`` as the cache)."""
+    of its sources (the jar stays in ``bench/peers/<name>/target/`` as the cache). One build
+    per peer at a time across processes (a lock file beside its pom): two test workers asking
+    at once must not run two Mavens in one ``target``; the second finds the jar fresh."""
     jar = jar_path(name)
     if not _stale(name):
         return jar
+    with open(HERE / name / ".build.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            return _build_locked(name, jar)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _build_locked(name: str, jar: Path) -> Path:
+    if not _stale(name):
+        return jar  # built by whoever held the lock before us
     if shutil.which("mvn") is None:
         raise PeerBuildError(f"cannot build the {name} peer: mvn not on PATH")
     started = time.monotonic()
