@@ -314,10 +314,19 @@ def peak_rss_mb(pid: int) -> float:
 ROUTED_HEADERS = 9  # retryd's header count on a first-tier copy (group included)
 
 
-def raw_loop(bootstrap: str, topic: str, n: int, route_to: str | None) -> float:
+def raw_loop(
+    bootstrap: str,
+    topic: str,
+    n: int,
+    route_to: str | None,
+    on_first: Callable[[], None] | None = None,
+    on_done: Callable[[], None] | None = None,
+) -> float:
     """A bare consumer: subscribe, consume(500), store_offsets per message; with ``route_to``
     it produces every message there with retryd-sized headers (acks=all, idempotent) and
-    stores the offset on delivery. Seconds from the first message to the n-th done."""
+    stores the offset on delivery. Seconds from the first message to the n-th done;
+    ``on_first`` runs when the first message arrives and ``on_done`` when the n-th is done
+    (bench_peers reads the process's CPU clock there)."""
     from confluent_kafka import Consumer, Producer
 
     c = Consumer(
@@ -359,6 +368,8 @@ def raw_loop(bootstrap: str, topic: str, n: int, route_to: str | None) -> float:
         batch = c.consume(500, 1.0)
         if batch and start is None:
             start = time.perf_counter()
+            if on_first is not None:
+                on_first()
         for msg in batch:
             if msg.error():
                 continue
@@ -398,6 +409,8 @@ def raw_loop(bootstrap: str, topic: str, n: int, route_to: str | None) -> float:
                 done += 1
         if p is not None:
             p.poll(0)
+    if on_done is not None:
+        on_done()
     elapsed = time.perf_counter() - (start or time.perf_counter())
     if p is not None:
         p.flush(30)
