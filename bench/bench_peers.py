@@ -57,6 +57,9 @@ RETRY_DELAY_MS = 1_000
 IN_FLIGHT = (16, 64)
 PY_PEERS = tuple(systems.PY_PEERS)
 JAVA = {"spring": "spring", "parallel-consumer": "parallel-consumer"}
+# concurrency outside the keyed shape: the listener container's default (one consumer thread)
+# for Spring, and the 16 (KEY ordering) for Parallel Consumer
+JAVA_CONCURRENCY = {"spring": 1, "parallel-consumer": 16}
 
 
 def shape_systems(shape: str) -> list[str]:
@@ -142,7 +145,7 @@ class Bench:
         elif base == "retryd":
             got = systems.retryd_retry(self.run, b, topic, n)
         else:
-            got = self.java_run(base, shape, topic, n, int(in_flight or 16))
+            got = self.java_run(base, shape, topic, n, int(in_flight or JAVA_CONCURRENCY[base]))
         return derive({**got, "system": system, "records": n})
 
     def java_run(self, name: str, shape: str, topic: str, n: int, concurrency: int) -> dict:
@@ -160,8 +163,10 @@ class Bench:
         )
         got = dict(got)
         got.pop("system", None)
+        if isinstance(got.get("config"), dict):
+            got["config"] = ", ".join(f"{k}={v}" for k, v in got["config"].items())
         if shape == "retry":
-            got["drain_s"] = got["wall_s"]
+            got["span_s"] = got["wall_s"]  # the peer times first retried call to the N-th
             low = (got.get("lateness_ms") or {}).get("min")
             got["early"] = None if low is None else int(low < 0)
         if got.get("warm_wall_s") and got.get("warm_cpu_s") is not None:

@@ -31,7 +31,7 @@ ISSUE: dict[str, dict[str, str]] = {
 FIGURES = {
     "success": ("cpu_s_per_million", "msgs_per_s", "warm_cpu_s_per_million", "warm_msgs_per_s"),
     "keyed": ("wall_s", "cpu_s_per_million", "msgs_per_s"),
-    "retry": ("drain_s", "wall_s", "p50", "p99", "max"),
+    "retry": ("drain_s", "span_s", "p50", "p99", "max"),
 }
 
 
@@ -193,17 +193,18 @@ def tables(summary: dict[str, Any]) -> list[str]:
     if retry:
         lines += [
             "**retry** (every record fails once, retried after 1 s; lateness = retried call "
-            "minus due time)",
+            "minus due time; drain = first call to last retried call; span = first retried "
+            "call to last)",
             "",
-            "| system | version | configuration | drain s | lateness p50 ms | p99 ms (runs) | "
-            "max ms | min ms | early calls | issue |",
-            "|---|---|---|---|---|---|---|---|---|---|",
+            "| system | version | configuration | drain s | retries span s | lateness p50 ms | "
+            "p99 ms (runs) | max ms | min ms | early calls | issue |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for system, r in retry.items():
             runs = ", ".join(_n(v, 0) for v in r.get("p99_runs", []))
             lines.append(
                 f"| {system} | {r['version']} | {r['config']} | {_n(r.get('drain_s'))} | "
-                f"{_n(r.get('p50'), 0)} | {_n(r.get('p99'), 0)} ({runs}) | "
+                f"{_n(r.get('span_s'))} | {_n(r.get('p50'), 0)} | {_n(r.get('p99'), 0)} ({runs}) | "
                 f"{_n(r.get('max'), 0)} | {_n(r.get('min'), 0)} | {_n(r.get('early'))} | "
                 f"{ISSUE['retry'].get(system, '-')} |"
             )
@@ -257,11 +258,12 @@ def write_markdown(path: Path, out: dict[str, Any]) -> None:
         "",
         f"Machine: {info['cpus']} CPUs, {info['platform']}, Python {info['python']}, "
         f"confluent-kafka {info['confluent_kafka']} (librdkafka {info['librdkafka']}), retryd "
-        f"{info['retryd_commit']}; load average at the start "
+        f"{info['retryd_commit']}; broker JVM `{' '.join(broker.get('jvm_flags') or ['-'])}`; "
+        f"load average at the start "
         f"{', '.join(str(x) for x in info['load_average_at_start'])}, at the end "
         f"{', '.join(str(x) for x in info['load_average_at_end'])}; {info['minutes']} min. "
         f"N = {sizes['success']:,} x 200 B on 6 partitions (FastStream per message: "
-        f"{sizes['per_message']:,}, at its 2k msg/s), keyed {sizes['keyed']:,} on 50 keys, "
+        f"{sizes['per_message']:,}: it commits each record), keyed {sizes['keyed']:,} on 50 keys, "
         f"retry {sizes['retry']:,}; {out['repeat']} runs each.",
         "",
         *tables(out["summary"]),

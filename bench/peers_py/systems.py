@@ -175,8 +175,9 @@ def retryd_keyed(run: Run, bootstrap: str, topic: str, count: int, in_flight: in
 def retryd_retry(run: Run, bootstrap: str, topic: str, count: int) -> dict[str, Any]:
     """Every record fails once and comes back from a 1 s tier: lateness = the retried call's
     start minus the copy's due time (``retry_timestamp``); drain = first call to last retried
-    call. The circuit breaker is off: every first call fails on purpose, which it would read
-    as an outage and hold."""
+    call; span = first retried call to last (what the Java peers' wall time covers). The
+    circuit breaker is off: every first call fails on purpose, which it would read as an
+    outage and hold."""
     calls = run.scratch / f"calls-{uuid.uuid4().hex[:6]}.txt"
     cli = run.cli(
         bootstrap,
@@ -202,6 +203,7 @@ def retryd_retry(run: Run, bootstrap: str, topic: str, count: int) -> dict[str, 
     return {
         **got,
         "drain_s": (max(retried) - min(firsts)) / 1000,
+        "span_s": (max(retried) - min(retried)) / 1000,
         "lateness_ms": lateness(late),
         "early": sum(1 for v in late if v < 0),
         "version": _retryd_version(),

@@ -12,9 +12,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 
+# the first run makes the Python peers' environments (pip) and builds the Java peers (Maven)
+@pytest.mark.timeout(1500)
 def test_peers_benchmark_quick_mode_gives_every_available_system_a_figure(
     bootstrap: str, tmp_path: Path
 ) -> None:
@@ -26,7 +30,7 @@ def test_peers_benchmark_quick_mode_gives_every_available_system_a_figure(
         env=env,
         capture_output=True,
         text=True,
-        timeout=1500,
+        timeout=1400,
         check=False,
     )
     assert out.returncode == 0, out.stderr[-3000:]
