@@ -163,8 +163,8 @@ class Bench:
         )
         got = dict(got)
         got.pop("system", None)
-        if isinstance(got.get("config"), dict):
-            got["config"] = ", ".join(f"{k}={v}" for k, v in got["config"].items())
+        got["config"] = config_text(got.get("config"))
+        got["version"] = f"{JAVA_LABEL[name]} {got.get('version', 'unknown')}"
         if shape == "retry":
             got["span_s"] = got["wall_s"]  # the peer times first retried call to the N-th
             low = (got.get("lateness_ms") or {}).get("min")
@@ -172,6 +172,26 @@ class Bench:
         if got.get("warm_wall_s") and got.get("warm_cpu_s") is not None:
             got["warm_records"] = n - n // 2
         return got
+
+
+JAVA_LABEL = {"spring": "Spring Kafka", "parallel-consumer": "Parallel Consumer"}
+# Settings every run has, or that change per run: left out of the configuration shown
+_PLUMBING = ("bootstrap.servers", "group.id", "serializer", "deserializer")
+
+
+def config_text(config: Any) -> str:
+    """A Java peer's configuration (nested maps) as one line, without the plumbing."""
+    if not isinstance(config, dict):
+        return str(config or "-")
+    parts = []
+    for key, value in config.items():
+        if isinstance(value, dict):
+            kept = {k: v for k, v in value.items() if not str(k).endswith(_PLUMBING)}
+            if kept:
+                parts.append(f"{key}: " + ", ".join(f"{k}={v}" for k, v in kept.items()))
+        else:
+            parts.append(f"{key}={value}")
+    return "; ".join(parts) or "-"
 
 
 def derive(got: dict[str, Any]) -> dict[str, Any]:
