@@ -246,6 +246,30 @@ every run listed. The machine is shared and loaded (2 cores): read the runs' spr
 noise."""
 
 
+def _flat_row(row: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A bench_http row with its nested figures as ``outer.inner`` columns."""
+    flat: dict[str, Any] = {}
+    for key, value in row.items():
+        if isinstance(value, dict):
+            flat.update(_flat_row(value, f"{prefix}{key}."))
+        elif isinstance(value, float):
+            flat[f"{prefix}{key}"] = f"{value:.0f}" if abs(value) >= 100 else f"{value:.3g}"
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def http_table(rows: list[dict[str, Any]]) -> list[str]:
+    """bench_http's rows as one table: a column per figure any row has."""
+    flat = [_flat_row(r) for r in rows]
+    keys: list[str] = []
+    for r in flat:
+        keys += [k for k in r if k not in keys]
+    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    lines += ["| " + " | ".join(str(r.get(k, "")) for k in keys) + " |" for r in flat]
+    return lines
+
+
 def write_markdown(path: Path, out: dict[str, Any]) -> None:
     """This broker kind's block between its markers under the Peers heading."""
     info = out["machine"]
@@ -271,11 +295,7 @@ def write_markdown(path: Path, out: dict[str, Any]) -> None:
         "",
     ]
     if out.get("http"):
-        keys = list(out["http"][0])
-        lines += ["**http** (`bench/bench_http.py`)", "", "| " + " | ".join(keys) + " |"]
-        lines.append("|" + "---|" * len(keys))
-        lines += ["| " + " | ".join(str(r.get(k, "")) for k in keys) + " |" for r in out["http"]]
-        lines.append("")
+        lines += ["**http** (`bench/bench_http.py`)", "", *http_table(out["http"]), ""]
     lines += [f"- {n}" for n in out["notes"]]
     lines += [f"- error: {e['shape']} {e['system']}: {e['error'][:200]}" for e in out["errors"]]
     lines.append(end)
