@@ -315,12 +315,18 @@ ROUTED_HEADERS = 9  # retryd's header count on a first-tier copy (group included
 
 
 def raw_loop(
-    bootstrap: str, topic: str, n: int, route_to: str | None, stats: dict | None = None
+    bootstrap: str,
+    topic: str,
+    n: int,
+    route_to: str | None,
+    on_first: Callable[[], None] | None = None,
+    on_done: Callable[[], None] | None = None,
 ) -> float:
     """A bare consumer: subscribe, consume(500), store_offsets per message; with ``route_to``
     it produces every message there with retryd-sized headers (acks=all, idempotent) and
-    stores the offset on delivery. Seconds from the first message to the n-th done; ``stats``
-    gets ``cpu_s``, the process's CPU (all threads) over the same span."""
+    stores the offset on delivery. Seconds from the first message to the n-th done;
+    ``on_first`` runs when the first message arrives and ``on_done`` when the n-th is done
+    (bench_peers reads the process's CPU clock there)."""
     from confluent_kafka import Consumer, Producer
 
     c = Consumer(
@@ -362,7 +368,8 @@ def raw_loop(
         batch = c.consume(500, 1.0)
         if batch and start is None:
             start = time.perf_counter()
-            cpu0 = time.process_time()
+            if on_first is not None:
+                on_first()
         for msg in batch:
             if msg.error():
                 continue
@@ -402,9 +409,9 @@ def raw_loop(
                 done += 1
         if p is not None:
             p.poll(0)
+    if on_done is not None:
+        on_done()
     elapsed = time.perf_counter() - (start or time.perf_counter())
-    if stats is not None and start is not None:
-        stats["cpu_s"] = time.process_time() - cpu0
     if p is not None:
         p.flush(30)
     c.close()
