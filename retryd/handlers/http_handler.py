@@ -53,6 +53,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextlib
 import json
 import logging
 import re
@@ -64,6 +65,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 import aiohttp
 
 from retryd.handlers.base import Message
+from retryd.handlers.http_pool import HttpPool
 from retryd.policy.classify import HandlerResult, Outcome, classify_http, timeout_result
 from retryd.policy.error_routes import error_name
 
@@ -194,6 +196,71 @@ def request_headers(message: Message) -> list[tuple[str, str]]:
     return headers
 
 
+_ASCII_CACHE: dict[str, str] = {}
+
+
+def _ascii_cached(value: str) -> str:
+    """``_ascii`` for topic names: a handful per process, so kept (bounded)."""
+    got = _ASCII_CACHE.get(value)
+    if got is None:
+        got = _ascii(value)
+        if len(_ASCII_CACHE) < 4096:
+            _ASCII_CACHE[value] = got
+    return got
+
+
+def request_bytes(message: Message, start: str) -> bytes:
+    """The whole HTTP/1.1 request for ``message`` (``start``: request line and Host), the
+    same headers as ``request_headers`` built as one string: the fast path's one write."""
+    topic = message.topic
+    value = message.value
+    body = value or b""
+    head = (
+        f"{start}Content-Length: {len(body)}\r\n"
+        "Content-Type: application/octet-stream\r\n"
+        f"X-Retryd-Topic: {_ascii_cached(topic)}\r\n"
+        f"X-Retryd-Partition: {message.partition}\r\n"
+        f"X-Retryd-Offset: {message.offset}\r\n"
+        f"X-Retryd-Retry-Number: {message.retry_number}\r\n"
+        f"X-Retryd-Original-Topic: {_ascii_cached(message.original_topic or topic)}\r\n"
+    )
+    key = message.key
+    if key is not None:
+        head += f"X-Retryd-Key: {base64.b64encode(key).decode('ascii')}\r\n"
+    if value is None:
+        head += f"{VALUE_NULL}: true\r\n"
+    kafka_headers = message.headers
+    if kafka_headers:
+        head += "".join(f"{n}: {v}\r\n" for n, v in encode_kafka_headers(kafka_headers))
+    attempt = getattr(message, "_trace", None)  # set only when tracing is on
+    if attempt is not None:
+        head += f"traceparent: {attempt.traceparent}\r\n"
+        if attempt.tracestate:
+            head += f"tracestate: {attempt.tracestate}\r\n"
+    return (head + "\r\n").encode("ascii") + body
+
+
+def _fast_target(url: str) -> tuple[str, int, str] | None:
+    """(host, port, request line and Host header) when ``url`` can take the lean client:
+    plain ``http://``, no credentials (aiohttp turns them into Basic auth), ASCII target."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port or 80
+    except ValueError:
+        return None
+    host = parts.hostname
+    if parts.scheme.lower() != "http" or not host or "@" in parts.netloc:
+        return None
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    if not (target.isascii() and target.isprintable()) or " " in target:
+        return None
+    if not host.isascii():
+        return None
+    shown = f"[{host}]" if ":" in host else host
+    host_header = shown if port == 80 else f"{shown}:{port}"
+    return host, port, f"POST {target} HTTP/1.1\r\nHost: {host_header}\r\n"
+
+
 async def _read_capped(response: aiohttp.ClientResponse) -> bytes:
     """Up to MAX_RESPONSE_BYTES of the body (the rest is never read)."""
     chunks: list[bytes] = []
@@ -220,6 +287,9 @@ class HttpHandler:
         self.max_connections = max(1, int(max_connections))
         self._session: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._fast = _fast_target(url)
+        self._pool: HttpPool | None = None
+        self._pool_loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def url(self) -> str:
@@ -240,7 +310,81 @@ class HttpHandler:
             )
         return self._session
 
+    def _lean(self) -> HttpPool:
+        loop = asyncio.get_running_loop()
+        pool = self._pool
+        if pool is None or self._pool_loop is not loop:
+            # A new loop (the worker replaced a stuck one): a pool belongs to one loop.
+            assert self._fast is not None
+            host, port, _ = self._fast
+            self._pool_loop = loop
+            pool = self._pool = HttpPool(
+                host,
+                port,
+                limit=self.max_connections,
+                timeout_s=self.timeout_s,
+                max_body=MAX_RESPONSE_BYTES,
+            )
+        return pool
+
     async def acall(self, message: Message) -> HandlerResult:
+        fast = self._fast
+        if fast is None:
+            return await self._acall_aiohttp(message)
+        try:
+            data = request_bytes(message, fast[2])
+            answer = await self._lean().request(data)
+        except asyncio.CancelledError:
+            raise
+        except TimeoutError:
+            logger.debug(
+                "%s: POST %s timed out after %gs", message.where, self._shown_url, self.timeout_s
+            )
+            return timeout_result(self.timeout_s)
+        except OSError as exc:
+            logger.debug("%s: POST %s failed: %r", message.where, self._shown_url, exc)
+            return HandlerResult(
+                Outcome.RETRY, CONNECTION_ERROR_CLASS, f"{type(exc).__name__}: {exc}"[:512]
+            )
+        except Exception as exc:  # anything else in building or sending the request
+            logger.warning(
+                "%s: could not POST to %s: %s: %s",
+                message.where,
+                self._shown_url,
+                type(exc).__name__,
+                exc,
+            )
+            return HandlerResult(
+                Outcome.RETRY, REQUEST_ERROR_CLASS, f"{type(exc).__name__}: {exc}"[:512]
+            )
+        status = answer.status
+        if 200 <= status < 300 and not answer.body:
+            return HandlerResult.success()
+        return self._classified(
+            message, status, answer.body, answer.content_type, error_name(answer.error_header)
+        )
+
+    def _classified(
+        self,
+        message: Message,
+        status: int,
+        payload: bytes,
+        content_type: str | None,
+        named: str | None,
+    ) -> HandlerResult:
+        result = classify_http(status, payload, content_type, named)
+        if result.outcome is not Outcome.SUCCESS:
+            logger.debug(
+                "%s: POST %s answered %d -> %s",
+                message.where,
+                self._shown_url,
+                status,
+                result.outcome.value,
+            )
+        return result
+
+    async def _acall_aiohttp(self, message: Message) -> HandlerResult:
+        """``https://`` and URLs with credentials: aiohttp (TLS, Basic auth from the URL)."""
         try:
             headers = request_headers(message)
             body = message.value or b""
@@ -275,18 +419,13 @@ class HttpHandler:
             return HandlerResult(
                 Outcome.RETRY, REQUEST_ERROR_CLASS, f"{type(exc).__name__}: {exc}"[:512]
             )
-        result = classify_http(status, payload, content_type, named)
-        if result.outcome is not Outcome.SUCCESS:
-            logger.debug(
-                "%s: POST %s answered %d -> %s",
-                message.where,
-                self._shown_url,
-                status,
-                result.outcome.value,
-            )
-        return result
+        return self._classified(message, status, payload, content_type, named)
 
     async def aclose(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            with contextlib.suppress(RuntimeError):  # its loop is gone, its transports too
+                await pool.close()
         session, self._session = self._session, None
         if session is not None and not session.closed:
             await session.close()
