@@ -177,7 +177,204 @@ def adapter_rows(
     return rows
 
 
+# ------------------------------------------------------------------ through the CLI
+# Bulk rows: once the engine's batch pools land, ``retryd worker`` takes
+# ``RETRYD_HANDLER_BATCH=<n>`` (``--handler-batch n``) and an http(s) handler then runs as
+# ``HttpBulkHandler`` against the service's /bulk. ``BULK_BATCHES`` are the sizes measured;
+# the rows run only when the settings know ``handler_batch`` (see ``_bulk_supported``).
+BULK_BATCHES = (100, 500)
+
+
+def _bulk_supported() -> bool:
+    from retryd.config.settings import Settings
+
+    return "handler_batch" in Settings.model_fields
+
+
+def _rows_n(delay_ms: float, in_flight: int, quick: bool) -> int:
+    """Records per row: about 6 s at the ideal rate, at least 3,000, at most 60,000."""
+    if quick:
+        return 600
+    ideal = 15_000.0 if delay_ms == 0 else in_flight / (delay_ms / 1000)
+    return int(min(60_000, max(3_000, ideal * 6)))
+
+
+def _baseline(bootstrap: str, topic: str, n: int, url: str, in_flight: int) -> dict:
+    """The plain async client in a fresh process (``child`` below)."""
+    import subprocess
+
+    out = subprocess.run(
+        [sys.executable, __file__, "child", bootstrap, topic, str(n), url, str(in_flight)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=900,
+    )
+    if out.returncode != 0:
+        raise SystemExit(f"baseline failed:\n{out.stderr[-3000:]}")
+    result: dict = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+async def _plain_client(bootstrap: str, topic: str, n: int, url: str, in_flight: int) -> dict:
+    """confluent-kafka consumer + aiohttp: each record POSTed (value as the body, its
+    coordinates as headers), at most ``in_flight`` at once, offset stored when answered. From
+    the first record consumed to the n-th answered."""
+    import aiohttp
+    from confluent_kafka import Consumer
+
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"bench-plain-{uuid.uuid4().hex[:8]}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.offset.store": False,
+            "session.timeout.ms": 6000,
+        }
+    )
+    c.subscribe([topic])
+    session = aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=in_flight), auto_decompress=False
+    )
+    sem = asyncio.Semaphore(in_flight)
+    done = 0
+    failed = 0
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def post(msg: Any) -> None:
+        nonlocal done, failed
+        try:
+            headers = {
+                "Content-Type": "application/octet-stream",
+                "X-Retryd-Topic": msg.topic(),
+                "X-Retryd-Partition": str(msg.partition()),
+                "X-Retryd-Offset": str(msg.offset()),
+            }
+            async with session.post(url, data=msg.value(), headers=headers) as resp:
+                await resp.read()
+                failed += resp.status != 200
+        finally:
+            sem.release()
+        c.store_offsets(message=msg)
+        done += 1
+
+    start = cpu0 = 0.0
+    try:
+        while done < n:
+            batch = c.consume(500, 0 if start else 1.0)
+            if not batch:
+                await asyncio.sleep(0.002)
+                continue
+            if not start:
+                start, cpu0 = time.monotonic(), _cpu_s()
+            for msg in batch:
+                if msg.error():
+                    continue
+                await sem.acquire()
+                task = asyncio.create_task(post(msg))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+        elapsed, cpu = time.monotonic() - start, _cpu_s() - cpu0
+    finally:
+        await session.close()
+        c.close()
+    return {
+        "msgs_per_s": n / elapsed,
+        "seconds": elapsed,
+        "cpu_us_per_msg": cpu / n * 1e6,
+        "failed": failed,
+    }
+
+
+def _retryd(
+    bootstrap: str,
+    topic: str,
+    n: int,
+    handler: str,
+    tree: Path,
+    scratch: Path,
+    quick: bool,
+    **env: str,
+) -> dict:
+    from bench import bench_worker as bw
+
+    run_ = bw.Run(quick, scratch)
+    cli = run_.cli(bootstrap, topic, handler, **env)
+    cli.root = tree
+    cli.topics_create()
+    got: dict = bw._throughput(run_, cli, topic, "success", n)
+    return got
+
+
+def run(bootstrap: str, quick: bool, before: Path | None = None) -> list[dict]:
+    """Rows at 0 ms and 20 ms for max_in_flight 16/64/256: retryd through the CLI (and the
+    tree ``before``, when given, in the same run) vs the plain async client."""
+    import tempfile
+
+    from bench import harness as h
+
+    rows: list[dict] = []
+    in_flights = (16, 64) if quick else (16, 64, 256)
+    delays = (0.0, 20.0)
+    with tempfile.TemporaryDirectory() as tmp:
+        scratch = Path(tmp)
+        for delay in delays:
+            n_max = max(_rows_n(delay, f, quick) for f in in_flights)
+            topic = f"bench-http-{uuid.uuid4().hex[:8]}"
+            h.create_topics(bootstrap, [topic], PARTITIONS)
+            h.produce(
+                bootstrap,
+                topic,
+                n_max,
+                value=lambda i: (b"%d" % i).ljust(VALUE_BYTES, b"x"),
+                key=lambda i: b"key-%d" % (i % 50_000),
+            )
+            with goservice.start(delay_ms=delay) as svc:
+                for in_flight in in_flights:
+                    n = _rows_n(delay, in_flight, quick)
+                    env = {"RETRYD_MAX_IN_FLIGHT": str(in_flight)}
+                    row: dict[str, Any] = {"delay_ms": delay, "in_flight": in_flight, "n": n}
+                    row["plain"] = _baseline(bootstrap, topic, n, svc.url, in_flight)
+                    row["retryd"] = _retryd(
+                        bootstrap, topic, n, svc.url, ROOT, scratch, quick, **env
+                    )
+                    if before is not None:
+                        row["retryd_before"] = _retryd(
+                            bootstrap, topic, n, svc.url, before, scratch, quick, **env
+                        )
+                    row["vs_plain"] = row["retryd"]["msgs_per_s"] / row["plain"]["msgs_per_s"]
+                    if delay:
+                        ideal = in_flight / (delay / 1000)
+                        for k in ("retryd", "retryd_before", "plain"):
+                            if k in row:
+                                row[f"{k}_ratio_to_ideal"] = row[k]["msgs_per_s"] / ideal
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+                if _bulk_supported():  # HOOK: bulk rows, once RETRYD_HANDLER_BATCH exists
+                    for batch in BULK_BATCHES:
+                        n = 600 if quick else 200_000 if not delay else 60_000
+                        n = min(n, n_max)
+                        env = {"RETRYD_HANDLER_BATCH": str(batch)}
+                        got = _retryd(
+                            bootstrap, topic, n, svc.bulk_url, ROOT, scratch, quick, **env
+                        )
+                        row = {"delay_ms": delay, "bulk_batch": batch, "n": n, "retryd": got}
+                        rows.append(row)
+                        print(json.dumps(row), flush=True)
+    return rows
+
+
+def child(args: list[str]) -> None:
+    bootstrap, topic, n, url, in_flight = args
+    print(json.dumps(asyncio.run(_plain_client(bootstrap, topic, int(n), url, int(in_flight)))))
+
+
 def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "child":
+        child(sys.argv[2:])
+        return
     parser = argparse.ArgumentParser()
     parser.add_argument("what", choices=["adapter", "cli"])
     parser.add_argument("--seconds", type=float, default=3.0)
@@ -185,6 +382,9 @@ def main() -> None:
     parser.add_argument("--delay", default="0,20")
     parser.add_argument("--no-bulk", action="store_true")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument(
+        "--before", help="cli: also run retryd from this git revision (e.g. main), same run"
+    )
     parser.add_argument("--out", help="write the rows as JSON here")
     args = parser.parse_args()
     if args.what == "adapter":
@@ -195,14 +395,16 @@ def main() -> None:
             bulk=not args.no_bulk,
         )
     else:
-        bootstrap = os.environ.get("RETRYD_TEST_BOOTSTRAP", "")
-        rows = run(bootstrap, args.quick)
+        import tempfile
+
+        from bench import bench_worker as bw
+        from bench import harness as h
+
+        with tempfile.TemporaryDirectory() as tmp, h.broker(args.quick) as bootstrap:
+            before = bw._source_tree(args.before, Path(tmp) / "before") if args.before else None
+            rows = run(bootstrap, args.quick, before)
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=1) + "\n")
-
-
-def run(bootstrap: str, quick: bool) -> list[dict]:
-    raise NotImplementedError(str(uuid) and bootstrap and quick)
 
 
 if __name__ == "__main__":
