@@ -160,3 +160,31 @@ def test_garbage_answer_is_a_connection_error() -> None:
 
     got, _ = _with_server(serve, 1)
     assert (got[0].outcome, got[0].error_class) == (Outcome.RETRY, "connection_error")
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        Message(key=b"k", value=b"v", topic="orders", partition=2, offset=9),
+        Message(
+            key=None,
+            value=None,
+            headers=[("trace", b"x"), ("bin", b"\x00"), ("dup", b"a"), ("dup", None)],
+            topic="tópico",
+            retry_number=4,
+            original_topic="line\r\nX-Injected: 1",
+        ),
+    ],
+)
+def test_lean_request_has_the_contract_headers(message: Message) -> None:
+    # The lean client's one-string request carries exactly request_headers(), the contract.
+    from retryd.handlers.http_handler import request_bytes, request_headers
+
+    data = request_bytes(message, "POST /x HTTP/1.1\r\nHost: h\r\n")
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode("ascii").split("\r\n")
+    assert lines[:2] == ["POST /x HTTP/1.1", "Host: h"]
+    sent = sorted(tuple(line.split(": ", 1)) for line in lines[2:])
+    expected = [*request_headers(message), ("Content-Length", str(len(message.value or b"")))]
+    assert sent == sorted(expected)
+    assert body == (message.value or b"")
