@@ -60,7 +60,9 @@ class _Conn(asyncio.Protocol):
         self.closed = False
         self.used = False  # served an earlier request (a loss before any byte is stale)
         self.got_bytes = False
-        self.counted_out = False  # its slot in the pool was given back
+        # Whether its slot in the pool is free again (or was never taken: a connection made
+        # after its caller gave up never counted, so its loss frees nothing)
+        self.counted_out = True
         self.headers_done = False
         self.keep_alive = False
 
@@ -246,6 +248,7 @@ class HttpPool:
             self._open -= 1
             self._wake()
             raise
+        conn.counted_out = False
         return conn
 
     def _release(self, conn: _Conn) -> None:
