@@ -85,9 +85,31 @@ async def _drive(
     return count, time.monotonic() - t0, _cpu_s() - cpu0
 
 
-def adapter_single(url: str, in_flight: int, seconds: float) -> dict[str, float]:
-    """``HttpHandler.acall``: calls/s and CPU µs per call."""
-    from retryd.handlers.http_handler import HttpHandler
+def handler_class(before: str | None = None) -> Any:
+    """``HttpHandler`` of this tree, or of git revision ``before`` (its http_handler.py
+    loaded as a module of its own, next to this tree's other modules)."""
+    if not before:
+        from retryd.handlers.http_handler import HttpHandler
+
+        return HttpHandler
+    import subprocess
+    import types
+
+    path = "retryd/handlers/http_handler.py"
+    source = subprocess.run(
+        ["git", "show", f"{before}:{path}"], cwd=ROOT, check=True, capture_output=True
+    ).stdout
+    module = types.ModuleType("http_handler_before")
+    sys.modules[module.__name__] = module  # dataclasses and typing look modules up by name
+    exec(compile(source, f"{before}:{path}", "exec"), module.__dict__)
+    return module.HttpHandler
+
+
+def adapter_single(
+    url: str, in_flight: int, seconds: float, before: str | None = None
+) -> dict[str, float]:
+    """``HttpHandler.acall`` (of revision ``before`` when given): calls/s, CPU µs per call."""
+    HttpHandler = handler_class(before)
 
     async def main() -> tuple[int, float, float, int]:
         handler = HttpHandler(url, timeout_s=30, max_connections=in_flight)
@@ -147,7 +169,11 @@ def adapter_bulk(url: str, in_flight: int, batch: int, seconds: float) -> dict[s
 
 
 def adapter_rows(
-    in_flights: list[int], delays: list[float], seconds: float, bulk: bool = True
+    in_flights: list[int],
+    delays: list[float],
+    seconds: float,
+    bulk: bool = True,
+    before: str | None = None,
 ) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for delay in delays:
@@ -155,8 +181,17 @@ def adapter_rows(
             for n in in_flights:
                 got = adapter_single(svc.url, n, seconds)
                 row: dict[str, Any] = {"mode": "adapter", "delay_ms": delay, "in_flight": n, **got}
+                if before:
+                    old = adapter_single(svc.url, n, seconds, before)
+                    row["before"] = old
+                    row["cpu_before_vs_now"] = round(
+                        old["cpu_us_per_call"] / got["cpu_us_per_call"], 2
+                    )
                 if delay:
-                    row["ratio_to_ideal"] = round(got["calls_per_s"] / (n / (delay / 1000)), 3)
+                    ideal = n / (delay / 1000)
+                    row["ratio_to_ideal"] = round(got["calls_per_s"] / ideal, 3)
+                    if before:
+                        row["before_ratio_to_ideal"] = round(old["calls_per_s"] / ideal, 3)
                 rows.append(row)
                 print(json.dumps(row), flush=True)
             if bulk:
@@ -383,7 +418,7 @@ def main() -> None:
     parser.add_argument("--no-bulk", action="store_true")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument(
-        "--before", help="cli: also run retryd from this git revision (e.g. main), same run"
+        "--before", help="also measure this git revision (e.g. main) in the same run"
     )
     parser.add_argument("--out", help="write the rows as JSON here")
     args = parser.parse_args()
@@ -393,6 +428,7 @@ def main() -> None:
             [float(x) for x in args.delay.split(",")],
             args.seconds,
             bulk=not args.no_bulk,
+            before=args.before,
         )
     else:
         import tempfile
@@ -403,8 +439,30 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp, h.broker(args.quick) as bootstrap:
             before = bw._source_tree(args.before, Path(tmp) / "before") if args.before else None
             rows = run(bootstrap, args.quick, before)
-    if args.out:
-        Path(args.out).write_text(json.dumps(rows, indent=1) + "\n")
+    _write(args.what, rows, args.out)
+
+
+def _write(what: str, rows: list[dict], out: str | None) -> None:
+    """Rows with what they were measured on, to ``out`` or bench/results/http-<what>-<ts>."""
+    import platform
+    from datetime import UTC, datetime
+
+    from bench import harness as h
+
+    now = datetime.now(UTC)
+    doc = {
+        "when": now.isoformat(timespec="seconds"),
+        "broker": h.broker_info() if what == "cli" else None,
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
+        "rows": rows,
+    }
+    path = (
+        Path(out) if out else ROOT / "bench" / "results" / f"http-{what}-{now:%Y%m%dT%H%M%SZ}.json"
+    )
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"written to {path}", file=sys.stderr)
 
 
 if __name__ == "__main__":
