@@ -174,13 +174,15 @@ def adapter_rows(
     seconds: float,
     bulk: bool = True,
     before: str | None = None,
+    unix: str | None = None,
 ) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for delay in delays:
-        with goservice.start(delay_ms=delay) as svc:
+        with goservice.start(delay_ms=delay, unix=unix) as svc:
             for n in in_flights:
                 got = adapter_single(svc.url, n, seconds)
-                row: dict[str, Any] = {"mode": "adapter", "delay_ms": delay, "in_flight": n, **got}
+                row: dict[str, Any] = {"mode": "adapter", "delay_ms": delay, "in_flight": n}
+                row.update(got, unix=bool(unix))
                 if before:
                     old = adapter_single(svc.url, n, seconds, before)
                     row["before"] = old
@@ -420,6 +422,7 @@ def main() -> None:
     parser.add_argument(
         "--before", help="also measure this git revision (e.g. main) in the same run"
     )
+    parser.add_argument("--unix", help="adapter: the service on this Unix socket path")
     parser.add_argument("--out", help="write the rows as JSON here")
     args = parser.parse_args()
     if args.what == "adapter":
@@ -429,6 +432,7 @@ def main() -> None:
             args.seconds,
             bulk=not args.no_bulk,
             before=args.before,
+            unix=args.unix,
         )
     else:
         import tempfile

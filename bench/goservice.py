@@ -18,11 +18,13 @@ import hashlib
 import json
 import os
 import selectors
+import socket
 import subprocess
 import time
 import urllib.request
 from pathlib import Path
 from types import TracebackType
+from urllib.parse import quote
 
 SOURCE = Path(__file__).resolve().parent / "peers" / "goservice"
 READY_TIMEOUT_S = 30.0
@@ -60,19 +62,31 @@ def binary() -> Path:
 
 
 class Service:
-    """One running service: ``url`` (/handle), ``bulk_url`` (/bulk), ``pid``, ``stop()``."""
+    """One running service: ``url`` (/handle), ``bulk_url`` (/bulk), ``pid``, ``stop()``.
+    On a Unix socket the URLs are ``http+unix://<percent-encoded path>/...``."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], address: str) -> None:
+    def __init__(self, proc: subprocess.Popen[bytes], address: str, unix: bool = False) -> None:
         self.proc = proc
         self.pid = proc.pid
         self.address = address
-        self.base = f"http://{address}"
+        self.unix = unix
+        self.base = f"http+unix://{quote(address, safe='')}" if unix else f"http://{address}"
         self.url = f"{self.base}/handle"
         self.bulk_url = f"{self.base}/bulk"
 
     def stats(self) -> dict[str, int]:
-        with urllib.request.urlopen(f"{self.base}/stats", timeout=5) as resp:
-            data: dict[str, int] = json.loads(resp.read())
+        if not self.unix:
+            with urllib.request.urlopen(f"{self.base}/stats", timeout=5) as resp:
+                data: dict[str, int] = json.loads(resp.read())
+            return data
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.settimeout(5)
+            sock.connect(self.address)
+            sock.sendall(b"GET /stats HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+            raw = b""
+            while chunk := sock.recv(65536):
+                raw += chunk
+        data = json.loads(raw.partition(b"\r\n\r\n")[2])
         return data
 
     def stop(self, timeout_s: float = 10.0) -> int:
@@ -101,11 +115,19 @@ class Service:
 
 
 def start(
-    delay_ms: float = 0, *, fail_match: str = "", addr: str = "127.0.0.1:0", cpus: int = 0
+    delay_ms: float = 0,
+    *,
+    fail_match: str = "",
+    addr: str = "127.0.0.1:0",
+    unix: str | None = None,
+    cpus: int = 0,
 ) -> Service:
     """Start the service and return once it accepts connections (``READY_TIMEOUT_S``).
-    ``cpus`` > 0 sets GOMAXPROCS (on a small machine, so the peer leaves cores to retryd)."""
+    ``unix``: listen on that Unix socket path instead of ``addr``. ``cpus`` > 0 sets
+    GOMAXPROCS (on a small machine, so the peer leaves cores to retryd)."""
     cmd = [str(binary()), "-addr", addr, "-delay-ms", str(delay_ms)]
+    if unix:
+        cmd += ["-unix", unix]
     if fail_match:
         cmd += ["-fail-match", fail_match]
     env = dict(os.environ)
@@ -117,7 +139,7 @@ def start(
     except BaseException:
         Service(proc, "").stop()
         raise
-    return Service(proc, address)
+    return Service(proc, address, unix=bool(unix))
 
 
 def _wait_listening(proc: subprocess.Popen[bytes]) -> str:

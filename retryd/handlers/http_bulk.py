@@ -28,7 +28,7 @@ record the answer does not name (or names with an unknown status) is retried alo
 Why JSON and not a binary framing: any service can speak it with its standard library, and
 at hundreds of records a request, encoding is a few microseconds a record next to the one
 request it saves. Transport is the lean keep-alive client of the single-record mode
-(``retryd.handlers.http_pool``), so plain ``http://`` endpoints only.
+(``retryd.handlers.http_pool``), so plain ``http://`` endpoints (or ``http+unix://``) only.
 """
 
 from __future__ import annotations
@@ -40,12 +40,12 @@ import logging
 from collections.abc import Sequence
 from json.encoder import encode_basestring_ascii
 from typing import Any
-from urllib.parse import urlsplit
 
 from retryd.handlers.base import Message
 from retryd.handlers.http_handler import (
     CONNECTION_ERROR_CLASS,
     REQUEST_ERROR_CLASS,
+    _fast_target,
     encode_kafka_headers,
     redact_url,
 )
@@ -200,21 +200,14 @@ class HttpBulkHandler:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch!r}")
-        parts = urlsplit(url)
-        if parts.scheme.lower() != "http" or not parts.hostname or "@" in parts.netloc:
+        target = _fast_target(url)
+        if target is None:
             raise ValueError(
-                f"bulk mode needs a plain http:// URL without credentials, got {redact_url(url)}"
+                "bulk mode needs a plain http:// (or http+unix://) URL without credentials, "
+                f"with a printable ASCII path: got {redact_url(url)}"
             )
-        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        if not (target.isascii() and target.isprintable()) or " " in target:
-            raise ValueError(f"the URL's path must be printable ASCII: {redact_url(url)}")
-        self._host = parts.hostname
-        self._port = parts.port or 80
-        shown = f"[{self._host}]" if ":" in self._host else self._host
-        host_header = shown if self._port == 80 else f"{shown}:{self._port}"
-        self._start = (
-            f"POST {target} HTTP/1.1\r\nHost: {host_header}\r\nContent-Type: application/json\r\n"
-        )
+        self._target = target
+        self._start = target.start + "Content-Type: application/json\r\n"
         self._shown_url = redact_url(url)
         self.timeout_s = float(timeout_s)
         self.max_batch = int(max_batch)
@@ -233,11 +226,12 @@ class HttpBulkHandler:
         if pool is None or self._pool_loop is not loop:  # a pool belongs to one loop
             self._pool_loop = loop
             pool = self._pool = HttpPool(
-                self._host,
-                self._port,
+                self._target.host,
+                self._target.port,
                 limit=self.max_connections,
                 timeout_s=self.timeout_s,
                 max_body=self.max_answer_bytes + 1,  # one byte more tells "too large"
+                unix_path=self._target.unix_path,
             )
         return pool
 

@@ -59,8 +59,8 @@ import logging
 import re
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from typing import Any
-from urllib.parse import quote, urlsplit, urlunsplit
+from typing import Any, NamedTuple
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 import aiohttp
 
@@ -240,25 +240,40 @@ def request_bytes(message: Message, start: str) -> bytes:
     return (head + "\r\n").encode("ascii") + body
 
 
-def _fast_target(url: str) -> tuple[str, int, str] | None:
-    """(host, port, request line and Host header) when ``url`` can take the lean client:
-    plain ``http://``, no credentials (aiohttp turns them into Basic auth), ASCII target."""
+UNIX_SCHEME = "http+unix"
+
+
+class _Target(NamedTuple):
+    host: str
+    port: int
+    start: str  # request line and Host header
+    unix_path: str | None
+
+
+def _fast_target(url: str) -> _Target | None:
+    """Where the lean client sends requests for ``url``, when it can: plain ``http://`` with
+    no credentials (aiohttp turns them into Basic auth) and an ASCII target, or
+    ``http+unix://<percent-encoded socket path>/<path>`` (HTTP over a Unix socket)."""
     try:
         parts = urlsplit(url)
-        port = parts.port or 80
+        scheme = parts.scheme.lower()
+        port = 0 if scheme == UNIX_SCHEME else (parts.port or 80)
     except ValueError:
-        return None
-    host = parts.hostname
-    if parts.scheme.lower() != "http" or not host or "@" in parts.netloc:
         return None
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     if not (target.isascii() and target.isprintable()) or " " in target:
         return None
-    if not host.isascii():
+    if scheme == UNIX_SCHEME:
+        path = unquote(parts.netloc)
+        if not path:
+            return None
+        return _Target("localhost", 0, f"POST {target} HTTP/1.1\r\nHost: localhost\r\n", path)
+    host = parts.hostname
+    if scheme != "http" or not host or "@" in parts.netloc or not host.isascii():
         return None
     shown = f"[{host}]" if ":" in host else host
     host_header = shown if port == 80 else f"{shown}:{port}"
-    return host, port, f"POST {target} HTTP/1.1\r\nHost: {host_header}\r\n"
+    return _Target(host, port, f"POST {target} HTTP/1.1\r\nHost: {host_header}\r\n", None)
 
 
 async def _read_capped(response: aiohttp.ClientResponse) -> bytes:
@@ -315,15 +330,16 @@ class HttpHandler:
         pool = self._pool
         if pool is None or self._pool_loop is not loop:
             # A new loop (the worker replaced a stuck one): a pool belongs to one loop.
-            assert self._fast is not None
-            host, port, _ = self._fast
+            fast = self._fast
+            assert fast is not None
             self._pool_loop = loop
             pool = self._pool = HttpPool(
-                host,
-                port,
+                fast.host,
+                fast.port,
                 limit=self.max_connections,
                 timeout_s=self.timeout_s,
                 max_body=MAX_RESPONSE_BYTES,
+                unix_path=fast.unix_path,
             )
         return pool
 
@@ -332,7 +348,7 @@ class HttpHandler:
         if fast is None:
             return await self._acall_aiohttp(message)
         try:
-            data = request_bytes(message, fast[2])
+            data = request_bytes(message, fast.start)
             answer = await self._lean().request(data)
         except asyncio.CancelledError:
             raise

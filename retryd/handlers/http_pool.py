@@ -168,13 +168,22 @@ def _expire(waiter: asyncio.Future[Any]) -> None:
 
 
 class HttpPool:
-    """Up to ``limit`` keep-alive connections to one ``host:port`` on the running loop."""
+    """Up to ``limit`` keep-alive connections to one ``host:port`` (or, with ``unix_path``, to
+    a Unix socket) on the running loop."""
 
     def __init__(
-        self, host: str, port: int, *, limit: int, timeout_s: float, max_body: int
+        self,
+        host: str,
+        port: int,
+        *,
+        limit: int,
+        timeout_s: float,
+        max_body: int,
+        unix_path: str | None = None,
     ) -> None:
         self.host = host
         self.port = port
+        self.unix_path = unix_path
         self.limit = max(1, limit)
         self.timeout_s = timeout_s
         self.max_body = max_body
@@ -241,9 +250,14 @@ class HttpPool:
         self._open += 1
         try:
             async with asyncio.timeout_at(deadline):
-                _, conn = await self._loop.create_connection(
-                    lambda: _Conn(self), self.host, self.port
-                )
+                if self.unix_path is not None:
+                    _, conn = await self._loop.create_unix_connection(
+                        lambda: _Conn(self), self.unix_path
+                    )
+                else:
+                    _, conn = await self._loop.create_connection(
+                        lambda: _Conn(self), self.host, self.port
+                    )
         except BaseException:
             self._open -= 1
             self._wake()

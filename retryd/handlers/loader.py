@@ -10,6 +10,7 @@ import importlib
 import re
 from collections.abc import Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 from yarl import URL
 
@@ -48,10 +49,16 @@ def load_handler(
         )
     if spec.lower().startswith(("http://", "https://")):
         return _http_handler(spec, timeout_s, max_in_flight)
+    if spec.lower().startswith("http+unix://"):  # HTTP over a Unix socket (a pod's volume)
+        if not urlsplit(spec).netloc:
+            raise HandlerLoadError(
+                f"bad handler URL {spec!r}: needs http+unix://<percent-encoded socket path>/path"
+            )
+        return HttpHandler(spec, timeout_s=timeout_s, max_connections=max_in_flight)
     shown = redact_url(spec) if "://" in spec else spec
     raise HandlerLoadError(
         f"unknown handler spec {shown!r}: expected 'python:package.module:function' "
-        "or an http:// / https:// URL"
+        "or an http:// / https:// (or http+unix://) URL"
     )
 
 

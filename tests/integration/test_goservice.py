@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -188,3 +189,22 @@ def test_lean_request_has_the_contract_headers(message: Message) -> None:
     expected = [*request_headers(message), ("Content-Length", str(len(message.value or b"")))]
     assert sent == sorted(expected)
     assert body == (message.value or b"")
+
+
+def test_http_over_a_unix_socket(tmp_path: Path) -> None:
+    from retryd.handlers.loader import load_handler
+
+    sock = tmp_path / "svc.sock"
+    with goservice.start(unix=str(sock), fail_match="BOOM") as svc:
+        assert svc.url.startswith("http+unix://%2F")
+        handler = load_handler(svc.url, timeout_s=5, max_in_flight=4)
+        assert isinstance(handler, HttpHandler)
+        got = run_calls(
+            svc.url,
+            [
+                Message(key=b"k", value=b"ok", topic="t"),
+                Message(key=b"k", value=b"BOOM", topic="t"),
+            ],
+        )
+        assert [r.outcome for r in got] == [Outcome.SUCCESS, Outcome.RETRY]
+        assert svc.stats()["requests"] == 2

@@ -112,7 +112,13 @@ def test_non_2xx_retries_every_record(status: int) -> None:
 
 @pytest.mark.parametrize(
     "url",
-    ["https://example.com/bulk", "http://user:pw@127.0.0.1:1/bulk", "unix:///x", "http:///x"],
+    [
+        "https://example.com/bulk",
+        "http://user:pw@127.0.0.1:1/bulk",
+        "unix:///x",
+        "http:///x",
+        "http+unix:///x",
+    ],
 )
 def test_only_plain_http_urls(url: str) -> None:
     with pytest.raises(ValueError):

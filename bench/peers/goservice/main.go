@@ -1,6 +1,7 @@
 // A tiny business service for retryd's HTTP benchmarks and tests (standard library only).
 //
 //	goservice -addr 127.0.0.1:0 -delay-ms 20 -fail-match BOOM
+//	goservice -unix /run/svc.sock            # HTTP over a Unix socket
 //
 // POST /handle answers 200 after -delay-ms (503 when the body or the base64-decoded
 // X-Retryd-Key contains -fail-match). POST /bulk speaks retryd's bulk protocol
@@ -155,6 +156,7 @@ func stats(w http.ResponseWriter, r *http.Request) {
 
 func main() {
 	addr := flag.String("addr", "127.0.0.1:0", "listen address")
+	unixPath := flag.String("unix", "", "listen on this Unix socket instead of -addr")
 	delayMs := flag.Float64("delay-ms", 0, "delay before each answer, in milliseconds")
 	fail := flag.String("fail-match", "", "answer 503 (bulk: RETRY) when the body or key contains this")
 	flag.Parse()
@@ -165,7 +167,11 @@ func main() {
 	mux.HandleFunc("/handle", handle)
 	mux.HandleFunc("/bulk", bulk)
 	mux.HandleFunc("/stats", stats)
-	ln, err := net.Listen("tcp", *addr)
+	network, where := "tcp", *addr
+	if *unixPath != "" {
+		network, where = "unix", *unixPath
+	}
+	ln, err := net.Listen(network, where)
 	if err != nil {
 		log.Fatal(err)
 	}
