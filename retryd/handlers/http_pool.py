@@ -28,6 +28,10 @@ import httptools
 
 logger = logging.getLogger(__name__)
 
+# A response's status line and headers past this size fail the call (aiohttp's limit is 8 KiB
+# a line; this bounds what a broken or hostile service can make the worker buffer).
+MAX_HEAD_BYTES = 64 * 1024
+
 
 class StaleConnection(ConnectionError):
     """A reused connection closed before the first byte of the answer."""
@@ -64,6 +68,7 @@ class _Conn(asyncio.Protocol):
         # after its caller gave up never counted, so its loss frees nothing)
         self.counted_out = True
         self.headers_done = False
+        self.head_bytes = 0
         self.keep_alive = False
 
     # -- asyncio.Protocol
@@ -71,12 +76,21 @@ class _Conn(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
+        if self.waiter is None:  # bytes on an idle connection: nothing can trust it now
+            self.close()
+            return
         self.got_bytes = True
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
             self._fail(ConnectionError(f"malformed HTTP response: {exc}"))
             self.close()
+            return
+        if not self.headers_done:
+            self.head_bytes += len(data)
+            if self.head_bytes > MAX_HEAD_BYTES:  # a status line and headers without end
+                self._fail(ConnectionError(f"response head over {MAX_HEAD_BYTES} bytes"))
+                self.close()
 
     def eof_received(self) -> bool:
         return False  # close the transport; connection_lost follows
@@ -147,6 +161,7 @@ class _Conn(asyncio.Protocol):
         self.size = 0
         self.got_bytes = False
         self.headers_done = False
+        self.head_bytes = 0
         self.keep_alive = False
         waiter = self.waiter = loop.create_future()
         assert self.transport is not None

@@ -208,3 +208,18 @@ def test_http_over_a_unix_socket(tmp_path: Path) -> None:
         )
         assert [r.outcome for r in got] == [Outcome.SUCCESS, Outcome.RETRY]
         assert svc.stats()["requests"] == 2
+
+
+def test_endless_response_head_is_a_connection_error() -> None:
+    async def serve(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await _read_request(r)
+        w.write(b"HTTP/1.1 200 OK\r\n")
+        for i in range(20_000):  # headers that never end
+            w.write(b"X-Filler-%d: %s\r\n" % (i, b"y" * 64))
+            if i % 100 == 0:
+                await w.drain()
+        await r.read()
+
+    got, _ = _with_server(serve, 1)
+    assert (got[0].outcome, got[0].error_class) == (Outcome.RETRY, "connection_error")
+    assert "response head over" in (got[0].error_message or "")
