@@ -617,9 +617,13 @@ def child(args: argparse.Namespace) -> None:
 
     kind, bootstrap, topic, n = args.child
     route = f"{topic}.raw-tier" if kind == "raw_route" else None
-    elapsed = h.raw_loop(bootstrap, topic, int(n), route)
+    stats: dict = {}
+    elapsed = h.raw_loop(bootstrap, topic, int(n), route, stats)
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps({"seconds": elapsed, "msgs_per_s": int(n) / elapsed, "rss_mb": rss_mb}))
+    out = {"seconds": elapsed, "msgs_per_s": int(n) / elapsed, "rss_mb": rss_mb}
+    if "cpu_s" in stats:
+        out["cpu_us_per_msg"] = stats["cpu_s"] / int(n) * 1e6
+    print(json.dumps(out))
 
 
 SCENARIOS = (

@@ -314,10 +314,13 @@ def peak_rss_mb(pid: int) -> float:
 ROUTED_HEADERS = 9  # retryd's header count on a first-tier copy (group included)
 
 
-def raw_loop(bootstrap: str, topic: str, n: int, route_to: str | None) -> float:
+def raw_loop(
+    bootstrap: str, topic: str, n: int, route_to: str | None, stats: dict | None = None
+) -> float:
     """A bare consumer: subscribe, consume(500), store_offsets per message; with ``route_to``
     it produces every message there with retryd-sized headers (acks=all, idempotent) and
-    stores the offset on delivery. Seconds from the first message to the n-th done."""
+    stores the offset on delivery. Seconds from the first message to the n-th done; ``stats``
+    gets ``cpu_s``, the process's CPU (all threads) over the same span."""
     from confluent_kafka import Consumer, Producer
 
     c = Consumer(
@@ -359,6 +362,7 @@ def raw_loop(bootstrap: str, topic: str, n: int, route_to: str | None) -> float:
         batch = c.consume(500, 1.0)
         if batch and start is None:
             start = time.perf_counter()
+            cpu0 = time.process_time()
         for msg in batch:
             if msg.error():
                 continue
@@ -399,6 +403,8 @@ def raw_loop(bootstrap: str, topic: str, n: int, route_to: str | None) -> float:
         if p is not None:
             p.poll(0)
     elapsed = time.perf_counter() - (start or time.perf_counter())
+    if stats is not None and start is not None:
+        stats["cpu_s"] = time.process_time() - cpu0
     if p is not None:
         p.flush(30)
     c.close()

@@ -21,6 +21,9 @@ def worker(
         False, "--until-drained", help="exit 0 once every assigned partition is drained"
     ),
     handler: str | None = typer.Option(None, help="python:pkg.mod:func or http(s)://…"),
+    handler_batch: int | None = typer.Option(
+        None, min=0, help="0: one record per handler call; n: up to n ready records per call"
+    ),
     main_topics: str | None = typer.Option(None, help="comma list of source topics"),
     group_id: str | None = typer.Option(None),
     bootstrap_servers: str | None = BootstrapOption,
@@ -36,6 +39,7 @@ def worker(
         role=role,
         processes=processes,
         handler=handler,
+        handler_batch=handler_batch,
         main_topics=main_topics,
         group_id=group_id,
         bootstrap_servers=bootstrap_servers,

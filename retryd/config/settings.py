@@ -173,6 +173,9 @@ class Settings(BaseSettings):
     # Handler
     handler: str = ""
     handler_timeout_s: float = Field(default=30.0, gt=0)
+    # 0: one record per handler call; n >= 1: up to n ready records per call (a python:
+    # handler's ``handle_batch(records) -> outcomes``, an HTTP handler's bulk mode)
+    handler_batch: int = Field(default=0, ge=0, le=10_000)
     non_retryable: Annotated[list[str], NoDecode] = Field(default_factory=list)
     # Worker
     role: Role = Role.ALL
@@ -393,6 +396,11 @@ class Settings(BaseSettings):
                 f"handler_timeout_s={self.handler_timeout_s:g} must be below "
                 f"max_poll_interval_ms={self.max_poll_interval_ms} (a handler call blocks polling)"
             )
+        if self.handler_batch and self._plan_quick():
+            problems.append(
+                f"handler_batch={self.handler_batch} does not work with quick retries in "
+                "retry_sequence (quick=<n>@<delay>) yet"
+            )
         if self.session_timeout_ms > self.max_poll_interval_ms:
             problems.append("session_timeout_ms must not exceed max_poll_interval_ms")
         if set(self.main_topics) & ({self.failed_topic, *self.plan_topics_or_empty()}):
@@ -496,6 +504,12 @@ class Settings(BaseSettings):
         if first.is_dead or not first.delay_ms:
             return None
         return first.delay_ms / 1000
+
+    def _plan_quick(self) -> int:
+        try:
+            return self.plan.quick
+        except SequenceError:
+            return 0
 
     def plan_topics_or_empty(self) -> list[str]:
         try:

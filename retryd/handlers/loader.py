@@ -1,5 +1,9 @@
 """Turns a handler spec (``python:pkg.mod:func`` or an ``http(s)://`` URL) into a Handler.
 
+With ``handler_batch`` > 0 the same specs give batch handlers: ``python:`` a
+``PythonBatchHandler`` (``handle_batch(records) -> outcomes``), a URL the HTTP adapter's bulk
+mode (one request carrying many records).
+
 Everything that can be checked before the first message is checked here, so a bad
 deployment fails at start-up with one readable line instead of dead-lettering traffic.
 """
@@ -17,6 +21,7 @@ from yarl import URL
 from retryd.errors import HandlerLoadError
 from retryd.handlers.base import Handler
 from retryd.handlers.http_handler import HttpHandler, redact_url
+from retryd.handlers.python_batch import PythonBatchHandler
 from retryd.handlers.python_handler import PythonHandler
 
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
@@ -31,16 +36,28 @@ def load_handler(
     timeout_s: float,
     non_retryable: Sequence[str] = (),
     max_in_flight: int = 16,
+    batch: int = 0,
 ) -> Handler:
     """Build the handler for ``spec``; raises ``HandlerLoadError`` if it cannot work.
 
     ``max_in_flight`` sizes the HTTP connection pool (one connection per call in flight).
+    ``batch`` > 0 builds a batch handler of up to ``batch`` records per call (``handler_batch``).
     """
     if not timeout_s > 0:
         raise HandlerLoadError(f"handler timeout must be > 0 seconds, got {timeout_s!r}")
+    if batch < 0:
+        raise HandlerLoadError(f"handler batch must be >= 0, got {batch!r}")
     spec = spec.strip()
     if spec.startswith("python:"):
         func = _import_callable(spec)
+        if batch:
+            return PythonBatchHandler(
+                func,
+                timeout_s=timeout_s,
+                max_batch=batch,
+                non_retryable=non_retryable,
+                name=spec.removeprefix("python:"),
+            )
         return PythonHandler(
             func,
             timeout_s=timeout_s,
@@ -48,6 +65,8 @@ def load_handler(
             name=spec.removeprefix("python:"),
         )
     if spec.lower().startswith(("http://", "https://")):
+        if batch:
+            return _http_bulk_handler(spec, timeout_s, max_in_flight, batch)
         return _http_handler(spec, timeout_s, max_in_flight)
     if spec.lower().startswith("http+unix://"):  # HTTP over a Unix socket (a pod's volume)
         if not urlsplit(spec).netloc:
@@ -92,7 +111,7 @@ def _import_callable(spec: str) -> Any:
     return target
 
 
-def _http_handler(spec: str, timeout_s: float, max_in_flight: int) -> HttpHandler:
+def _url(spec: str) -> URL:
     try:
         url = URL(spec)
         url.raw_host  # noqa: B018 - parsing the authority may raise
@@ -102,4 +121,30 @@ def _http_handler(spec: str, timeout_s: float, max_in_flight: int) -> HttpHandle
         raise HandlerLoadError(
             f"bad handler URL {redact_url(spec)!r}: needs http(s)://host[:port]/path"
         )
-    return HttpHandler(str(url), timeout_s=timeout_s, max_connections=max_in_flight)
+    return url
+
+
+def _http_handler(spec: str, timeout_s: float, max_in_flight: int) -> HttpHandler:
+    return HttpHandler(str(_url(spec)), timeout_s=timeout_s, max_connections=max_in_flight)
+
+
+def _http_bulk_handler(spec: str, timeout_s: float, max_in_flight: int, batch: int) -> Handler:
+    """The HTTP adapter's bulk mode: one connection per batch call in flight (the batch pool
+    runs ``max_in_flight // batch`` calls at a time, at least one)."""
+    url = _url(spec)
+    try:  # by name: the bulk adapter is an optional part of a build
+        bulk: Any = importlib.import_module("retryd.handlers.http_bulk")
+    except ModuleNotFoundError as exc:
+        if exc.name != "retryd.handlers.http_bulk":
+            raise
+        raise HandlerLoadError(
+            f"handler {redact_url(spec)!r} with handler_batch={batch}: bulk HTTP mode not "
+            "available in this build"
+        ) from exc
+    handler: Handler = bulk.HttpBulkHandler(
+        str(url),
+        timeout_s=timeout_s,
+        max_batch=batch,
+        max_connections=max(1, max_in_flight // batch),
+    )
+    return handler

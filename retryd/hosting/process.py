@@ -53,6 +53,7 @@ def run_worker(
             timeout_s=settings.handler_timeout_s,
             non_retryable=settings.non_retryable,
             max_in_flight=settings.max_in_flight,
+            batch=settings.handler_batch,
         )
         worker = build_worker(
             settings,

@@ -22,8 +22,16 @@ from typing import Any
 from confluent_kafka import KafkaException
 
 from retryd.config import Role, Settings
-from retryd.errors import KafkaRuntimeError, KafkaSetupError
-from retryd.handlers.base import AsyncHandler, Handler, SyncHandler, is_async_handler
+from retryd.errors import ConfigError, KafkaRuntimeError, KafkaSetupError
+from retryd.handlers.base import (
+    AsyncBatchHandler,
+    AsyncHandler,
+    Handler,
+    SyncBatchHandler,
+    SyncHandler,
+    is_async_handler,
+    is_batch_handler,
+)
 from retryd.handlers.quick import QuickCounts, quick_timeout_s, with_quick_retries
 from retryd.kafka.clients import common_config, new_consumer, new_producer, reader_config
 from retryd.policy.circuit import Breaker
@@ -31,6 +39,8 @@ from retryd.policy.routing import RoutePlanner
 from retryd.runtime.circuit_control import CommandReader
 from retryd.runtime.heartbeat import HeartbeatWriter
 from retryd.tracing import NO_TRACING, Tracing, tracing_from_env
+from retryd.worker.batch_loop_pool import BatchLoopPool
+from retryd.worker.batch_pool import BatchThreadPool
 from retryd.worker.book import ConsumerLike, PartitionBook
 from retryd.worker.circuit import Circuit
 from retryd.worker.clients import (
@@ -174,6 +184,8 @@ def build_worker(
     # quick retries in place: one longer call to the engine (retryd.handlers.quick)
     planner = RoutePlanner(plan, settings.group_id)
     quick = QuickCounts()
+    if is_batch_handler(handler) and plan.quick:
+        raise ConfigError([f"a batch handler does not work with quick retries ({plan.quick})"])
     handler = with_quick_retries(
         handler,
         plan.quick,
@@ -184,7 +196,10 @@ def build_worker(
     )
     # each call a span (with quick retries, the whole in-place sequence: one span, so a record
     # without a traceparent stays one trace); the handler itself when tracing is off
-    handler = tracing.wrap(handler, settings.group_id)
+    if not is_batch_handler(handler):
+        handler = tracing.wrap(handler, settings.group_id)
+    elif tracing is not NO_TRACING:
+        log.warning("tracing: batch handler calls are not traced (one span per record call)")
     pool = _pool(settings, handler, scheduler, lifecycle, events)
     alone = None
     if not settings.exactly_once:  # (a transaction's copies go through its one producer)
@@ -277,6 +292,15 @@ def _pool(
 ) -> Pool:
     # the slot's timeout: the handler's, or the whole quick-retry sequence's
     timeout_s = max(settings.handler_timeout_s, handler.timeout_s)
+    if is_batch_handler(handler):
+        # up to max_in_flight records in flight: that many records' worth of batch calls
+        assert isinstance(handler, SyncBatchHandler | AsyncBatchHandler)
+        calls = max(1, settings.max_in_flight // max(1, handler.max_batch))
+        if is_async_handler(handler):
+            assert isinstance(handler, AsyncBatchHandler)
+            return BatchLoopPool(handler, scheduler, lifecycle, calls, timeout_s, events.abandoned)  # type: ignore[arg-type]
+        assert isinstance(handler, SyncBatchHandler)
+        return BatchThreadPool(handler, scheduler, lifecycle, calls, timeout_s, events.abandoned)
     common = (scheduler, lifecycle, settings.max_in_flight, timeout_s)
     if is_async_handler(handler):
         assert isinstance(handler, AsyncHandler)

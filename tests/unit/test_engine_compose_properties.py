@@ -2,13 +2,17 @@
 on the stub broker, over the feature combinations (issue 23).
 
 Combinations: ordering {key, partition, none} x circuit breaker {on, off} x key_order {none,
-strict} x exactly_once {on, off} x handler {def, async def}, where allowed (strict order needs
-ordering=key and is not combined with exactly_once). Each combination is one pytest item; in
+strict} x exactly_once {on, off} x handler {def, async def, and one of batch def / batch async
+def in turn}, where allowed (strict order needs ordering=key and is not combined with
+exactly_once). Each combination is one pytest item; in
 it, Hypothesis drives a ``RuleBasedStateMachine`` whose steps are what production throws at a
 worker: records arriving, a revoke to a new member, a lost assignment, a clean restart, an
 outage of the business service (every call fails until it ends), acknowledgements that arrive
 late. Per call, the outcome is random: success, retryable or non-retryable failure, a hang past
 the timeout, and for ``async def`` a call that ignores its cancellation (its loop abandoned).
+A batch handler (``handle_batch``, two records per call) answers per record, as an exception
+instance, ``retryd.Retry``/``retryd.Dead``, None or True; one hang (or ignored cancellation)
+holds its whole call, whose every record then times out.
 
 Invariants, checked while it runs (order) and once everything settled:
 
@@ -48,9 +52,11 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
+import retryd
 from retryd.config import load_settings
 from retryd.errors import NonRetryableError
 from retryd.handlers.base import Message
+from retryd.handlers.python_batch import PythonBatchHandler
 from retryd.handlers.python_handler import PythonHandler
 from retryd.policy import headers as h
 from retryd.policy import key_order as ko
@@ -84,18 +90,25 @@ class Combo(NamedTuple):
         return (
             f"{self.ordering}-{'breaker' if self.breaker else 'nobreaker'}-"
             f"{'strict' if self.strict else 'nostrict'}-{'eos' if self.exactly_once else 'alo'}-"
-            f"{'async' if self.kind == 'async' else 'sync'}"
+            f"{self.kind}"
         )
 
 
-COMBOS = [
-    Combo(ordering, breaker, strict, eos, kind)
+_FEATURES = [
+    (ordering, breaker, strict, eos)
     for ordering in ("key", "partition", "none")
     for breaker in (True, False)
     for strict in (False, True)
     for eos in (False, True)
-    for kind in ("sync", "async")
     if not strict or (ordering == "key" and not eos)
+]
+BATCH = 2  # records per batch call (max_in_flight 4: two calls at a time)
+# Per feature combination the two per-record handlers and one batch handler, def and async def
+# in turn (every batch kind meets every ordering; CI size grows by half, not double).
+COMBOS = [
+    Combo(*features, kind)
+    for i, features in enumerate(_FEATURES)
+    for kind in ("sync", "async", "batch-sync" if i % 2 == 0 else "batch-async")
 ]
 
 
@@ -140,7 +153,7 @@ class Service:
         if attempt > 0 or self.hangs >= 2:  # bounded: max_abandoned_handlers is 8
             return "ok"
         self.hangs += 1
-        return "hang" if self.kind == "sync" or n < 94 else "ignore"
+        return "hang" if "async" not in self.kind or n < 94 else "ignore"
 
     def begin(self, m: Message, member: int) -> Call:
         origin = (m.original_partition, m.original_offset)
@@ -166,6 +179,8 @@ class Service:
         return (call.origin[1] % 4) / 1000
 
     def handler(self, member: int) -> Any:
+        if self.kind.startswith("batch"):
+            return self.batch_handler(member)
         if self.kind == "sync":
 
             def handle(m: Message) -> None:
@@ -197,6 +212,68 @@ class Service:
                 call.end = time.perf_counter()
 
         return ahandle
+
+    def batch_handler(self, member: int) -> Any:
+        """``handle_batch``: each record's outcome drawn as for single calls; a hang (or an
+        ignored cancellation) of one record holds the whole call, so every record of it is a
+        hang (it times out, and may overlap what runs after it)."""
+
+        def begin_all(records: list[Message]) -> tuple[list[Call], str | None]:
+            calls = [self.begin(m, member) for m in records]
+            stuck = next((c.outcome for c in calls if c.outcome in ("hang", "ignore")), None)
+            if stuck is not None:
+                with self.lock:
+                    for c in calls:
+                        c.outcome = stuck
+            return calls, stuck
+
+        def end_all(calls: list[Call]) -> None:
+            end = time.perf_counter()
+            for c in calls:
+                c.end = end
+
+        if self.kind == "batch-sync":
+
+            def handle_batch(records: list[Message]) -> list[Any]:
+                calls, stuck = begin_all(records)
+                try:
+                    time.sleep(TIMEOUT_S * 2 if stuck else max(map(self.duration, calls)))
+                    return [_answer_for(c) for c in calls]
+                finally:
+                    end_all(calls)
+
+            return handle_batch
+
+        async def ahandle_batch(records: list[Message]) -> list[Any]:
+            calls, stuck = begin_all(records)
+            try:
+                if stuck == "hang":
+                    await asyncio.sleep(TIMEOUT_S * 2)
+                elif stuck == "ignore":
+                    end = time.monotonic() + TIMEOUT_S * 2
+                    while time.monotonic() < end:
+                        try:
+                            await asyncio.sleep(0.01)
+                        except asyncio.CancelledError:
+                            continue
+                else:
+                    await asyncio.sleep(max(map(self.duration, calls)))
+                return [_answer_for(c) for c in calls]
+            finally:
+                end_all(calls)
+
+        return ahandle_batch
+
+
+def _answer_for(call: Call) -> Any:
+    """A batch handler's per-record answer, in each of the forms it may take. A hung call
+    that returns before the watchdog saw it (a busy machine) answers a failure: its records
+    are routed then, never counted handled without a call that says so."""
+    if call.outcome in ("retry", "down", "hang", "ignore"):
+        return ConnectionError(call.outcome) if call.offset % 2 else retryd.Retry(call.outcome)
+    if call.outcome == "dead":
+        return NonRetryableError("poison") if call.offset % 2 else retryd.Dead("poison")
+    return None if call.offset % 2 else True
 
 
 def _raise_for(outcome: str) -> None:
@@ -269,9 +346,14 @@ class Group:
             broker.producers.append(p)
             return p
 
+        func = self.service.handler(index)
+        if c.kind.startswith("batch"):
+            handler: Any = PythonBatchHandler(func, timeout_s=TIMEOUT_S, max_batch=BATCH)
+        else:
+            handler = PythonHandler(func, timeout_s=TIMEOUT_S)
         worker = build_worker(
             settings,
-            PythonHandler(self.service.handler(index), timeout_s=TIMEOUT_S),
+            handler,
             drain_grace_s=0.1,
             consumer_factory=consumer,
             producer_factory=producer,
