@@ -215,11 +215,11 @@ def adapter_rows(
 
 
 # ------------------------------------------------------------------ through the CLI
-# Bulk rows: once the engine's batch pools land, ``retryd worker`` takes
-# ``RETRYD_HANDLER_BATCH=<n>`` (``--handler-batch n``) and an http(s) handler then runs as
-# ``HttpBulkHandler`` against the service's /bulk. ``BULK_BATCHES`` are the sizes measured;
-# the rows run only when the settings know ``handler_batch`` (see ``_bulk_supported``).
-BULK_BATCHES = (100, 500)
+# Bulk rows: ``retryd worker`` with ``RETRYD_HANDLER_BATCH=<batch>`` (``--handler-batch``) runs
+# an http handler as ``HttpBulkHandler`` against the service's /bulk, ``max_in_flight // batch``
+# requests at a time (at least one). Rows: (batch, max_in_flight); 16 is the default.
+BULK_ROWS = ((100, 16), (500, 16), (500, 2000))
+BULK_N = 200_000
 
 
 def _bulk_supported() -> bool:
@@ -345,20 +345,29 @@ def _retryd(
     return got
 
 
-def run(bootstrap: str, quick: bool, before: Path | None = None) -> list[dict]:
-    """Rows at 0 ms and 20 ms for max_in_flight 16/64/256: retryd through the CLI (and the
-    tree ``before``, when given, in the same run) vs the plain async client."""
+def run(
+    bootstrap: str,
+    quick: bool,
+    before: Path | None = None,
+    kinds: tuple[str, ...] = ("single", "bulk"),
+    delays: tuple[float, ...] = (0.0, 20.0),
+) -> list[dict]:
+    """Rows at 0 ms and 20 ms: single-record mode for max_in_flight 16/64/256, retryd through
+    the CLI (and the tree ``before``, when given, in the same run) vs the plain async client;
+    then bulk mode (``BULK_ROWS``)."""
     import tempfile
 
     from bench import harness as h
 
     rows: list[dict] = []
     in_flights = (16, 64) if quick else (16, 64, 256)
-    delays = (0.0, 20.0)
+    bulk = "bulk" in kinds and _bulk_supported()
     with tempfile.TemporaryDirectory() as tmp:
         scratch = Path(tmp)
         for delay in delays:
-            n_max = max(_rows_n(delay, f, quick) for f in in_flights)
+            n_max = max(_rows_n(delay, f, quick) for f in in_flights) if "single" in kinds else 0
+            if bulk:
+                n_max = max(n_max, 600 if quick else BULK_N)
             topic = f"bench-http-{uuid.uuid4().hex[:8]}"
             h.create_topics(bootstrap, [topic], PARTITIONS)
             h.produce(
@@ -369,38 +378,55 @@ def run(bootstrap: str, quick: bool, before: Path | None = None) -> list[dict]:
                 key=lambda i: b"key-%d" % (i % 50_000),
             )
             with goservice.start(delay_ms=delay) as svc:
-                for in_flight in in_flights:
-                    n = _rows_n(delay, in_flight, quick)
-                    env = {"RETRYD_MAX_IN_FLIGHT": str(in_flight)}
-                    row: dict[str, Any] = {"delay_ms": delay, "in_flight": in_flight, "n": n}
-                    row["plain"] = _baseline(bootstrap, topic, n, svc.url, in_flight)
-                    row["retryd"] = _retryd(
-                        bootstrap, topic, n, svc.url, ROOT, scratch, quick, **env
+                for in_flight in in_flights if "single" in kinds else ():
+                    rows.append(
+                        _single_row(bootstrap, topic, svc, delay, in_flight, quick, before, scratch)
                     )
-                    if before is not None:
-                        row["retryd_before"] = _retryd(
-                            bootstrap, topic, n, svc.url, before, scratch, quick, **env
-                        )
-                    row["vs_plain"] = row["retryd"]["msgs_per_s"] / row["plain"]["msgs_per_s"]
-                    if delay:
-                        ideal = in_flight / (delay / 1000)
-                        for k in ("retryd", "retryd_before", "plain"):
-                            if k in row:
-                                row[f"{k}_ratio_to_ideal"] = row[k]["msgs_per_s"] / ideal
+                    print(json.dumps(rows[-1]), flush=True)
+                for batch, in_flight in BULK_ROWS if bulk else ():
+                    n = 600 if quick else BULK_N
+                    env = {
+                        "RETRYD_HANDLER_BATCH": str(batch),
+                        "RETRYD_MAX_IN_FLIGHT": str(in_flight),
+                    }
+                    got = _retryd(bootstrap, topic, n, svc.bulk_url, ROOT, scratch, quick, **env)
+                    row = {
+                        "delay_ms": delay,
+                        "bulk_batch": batch,
+                        "in_flight": in_flight,
+                        "requests_at_once": max(1, in_flight // batch),
+                        "n": n,
+                        "retryd": got,
+                    }
                     rows.append(row)
                     print(json.dumps(row), flush=True)
-                if _bulk_supported():  # HOOK: bulk rows, once RETRYD_HANDLER_BATCH exists
-                    for batch in BULK_BATCHES:
-                        n = 600 if quick else 200_000 if not delay else 60_000
-                        n = min(n, n_max)
-                        env = {"RETRYD_HANDLER_BATCH": str(batch)}
-                        got = _retryd(
-                            bootstrap, topic, n, svc.bulk_url, ROOT, scratch, quick, **env
-                        )
-                        row = {"delay_ms": delay, "bulk_batch": batch, "n": n, "retryd": got}
-                        rows.append(row)
-                        print(json.dumps(row), flush=True)
     return rows
+
+
+def _single_row(
+    bootstrap: str,
+    topic: str,
+    svc: goservice.Service,
+    delay: float,
+    in_flight: int,
+    quick: bool,
+    before: Path | None,
+    scratch: Path,
+) -> dict[str, Any]:
+    n = _rows_n(delay, in_flight, quick)
+    env = {"RETRYD_MAX_IN_FLIGHT": str(in_flight)}
+    row: dict[str, Any] = {"delay_ms": delay, "in_flight": in_flight, "n": n}
+    row["plain"] = _baseline(bootstrap, topic, n, svc.url, in_flight)
+    row["retryd"] = _retryd(bootstrap, topic, n, svc.url, ROOT, scratch, quick, **env)
+    if before is not None:
+        row["retryd_before"] = _retryd(bootstrap, topic, n, svc.url, before, scratch, quick, **env)
+    row["vs_plain"] = row["retryd"]["msgs_per_s"] / row["plain"]["msgs_per_s"]
+    if delay:
+        ideal = in_flight / (delay / 1000)
+        for k in ("retryd", "retryd_before", "plain"):
+            if k in row:
+                row[f"{k}_ratio_to_ideal"] = row[k]["msgs_per_s"] / ideal
+    return row
 
 
 def child(args: list[str]) -> None:
@@ -422,6 +448,7 @@ def main() -> None:
     parser.add_argument(
         "--before", help="also measure this git revision (e.g. main) in the same run"
     )
+    parser.add_argument("--rows", default="single,bulk", help="cli: single, bulk or both")
     parser.add_argument("--unix", help="adapter: the service on this Unix socket path")
     parser.add_argument("--out", help="write the rows as JSON here")
     args = parser.parse_args()
@@ -442,7 +469,13 @@ def main() -> None:
 
         with tempfile.TemporaryDirectory() as tmp, h.broker(args.quick) as bootstrap:
             before = bw._source_tree(args.before, Path(tmp) / "before") if args.before else None
-            rows = run(bootstrap, args.quick, before)
+            rows = run(
+                bootstrap,
+                args.quick,
+                before,
+                kinds=tuple(args.rows.split(",")),
+                delays=tuple(float(x) for x in args.delay.split(",")),
+            )
     _write(args.what, rows, args.out)
 
 
