@@ -217,8 +217,10 @@ def adapter_rows(
 # ------------------------------------------------------------------ through the CLI
 # Bulk rows: ``retryd worker`` with ``RETRYD_HANDLER_BATCH=<batch>`` (``--handler-batch``) runs
 # an http handler as ``HttpBulkHandler`` against the service's /bulk, ``max_in_flight // batch``
-# requests at a time (at least one). Rows: (batch, max_in_flight); 16 is the default.
-BULK_ROWS = ((100, 16), (500, 16), (500, 2000))
+# requests at a time (at least one). Rows: (batch, max_in_flight, compact answers); 16 is the
+# default max_in_flight; compact: the service names only the records that did not succeed and
+# answers "default_status": "SUCCESS" (docs/http-bulk.md).
+BULK_ROWS = ((100, 16, False), (500, 16, False), (500, 2000, False), (500, 2000, True))
 BULK_N = 200_000
 
 
@@ -383,18 +385,20 @@ def run(
                         _single_row(bootstrap, topic, svc, delay, in_flight, quick, before, scratch)
                     )
                     print(json.dumps(rows[-1]), flush=True)
-                for batch, in_flight in BULK_ROWS if bulk else ():
+                for batch, in_flight, compact in BULK_ROWS if bulk else ():
                     n = 600 if quick else BULK_N
                     env = {
                         "RETRYD_HANDLER_BATCH": str(batch),
                         "RETRYD_MAX_IN_FLIGHT": str(in_flight),
                     }
-                    got = _retryd(bootstrap, topic, n, svc.bulk_url, ROOT, scratch, quick, **env)
+                    url = svc.bulk_url + ("?compact=1" if compact else "")
+                    got = _retryd(bootstrap, topic, n, url, ROOT, scratch, quick, **env)
                     row = {
                         "delay_ms": delay,
                         "bulk_batch": batch,
                         "in_flight": in_flight,
                         "requests_at_once": max(1, in_flight // batch),
+                        "compact": compact,
                         "n": n,
                         "retryd": got,
                     }

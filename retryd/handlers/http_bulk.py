@@ -17,7 +17,14 @@ is absent when the record has none.
 Answer (2xx, JSON)::
 
     {"results": [{"id": 0, "status": "SUCCESS|RETRY|DROP|DEAD",
-                  "error": "why (optional)", "error_name": "class for error routes (optional)"}]}
+                  "error": "why (optional)", "error_name": "class for error routes (optional)"}],
+     "default_status": "SUCCESS"}     # optional: for every record the results do not name
+
+``default_status`` keeps the common answer small: a service that handled everything answers
+``{"results": [], "default_status": "SUCCESS"}`` and names only the exceptions. Without it a
+record the results do not name is retried. (A "results" list is required either way, so a
+single-record service answering ``{"status": "SUCCESS"}`` to a bulk request by mistake is a
+bad answer, retried, not every record's success.)
 
 Why a per-record answer and not a status code: one request is many records, and each goes
 its own way (success, its own retry tier, its own dead letter). Nothing here raises: a failure
@@ -34,7 +41,7 @@ request it saves. Transport is the lean keep-alive client of the single-record m
 from __future__ import annotations
 
 import asyncio
-import base64
+import binascii
 import json
 import logging
 from collections.abc import Sequence
@@ -70,11 +77,12 @@ _DROP = HandlerResult(Outcome.DROP)
 _OUTCOMES = {"RETRY": Outcome.RETRY, "DEAD": Outcome.DEAD}
 
 
+_b2a = binascii.b2a_base64
 _json_str = encode_basestring_ascii  # str -> a JSON string literal, quotes included (C)
 
 
 def _b64(data: bytes) -> str:
-    return base64.b64encode(data).decode("ascii")
+    return _b2a(data, newline=False).decode("ascii")  # base64.b64encode's core, 2.5x cheaper
 
 
 _QUOTED: dict[str, str] = {}
@@ -165,6 +173,8 @@ def results_from_answer(
         return [failed] * n
     try:
         doc = json.loads(body)
+        if not isinstance(doc, dict):
+            raise TypeError("not an object")
         entries = doc["results"]
         if not isinstance(entries, list):
             raise TypeError("results is not a list")
@@ -173,6 +183,16 @@ def results_from_answer(
             Outcome.RETRY, BAD_ANSWER_CLASS, f"answer is not {{'results': [...]}}: {exc}"[:512]
         )
         return [bad] * n
+    default = doc.get("default_status")
+    rest: HandlerResult | None = None
+    if default is not None:  # for the records the results do not name
+        rest = _entry_result({"status": default}, status_code)
+        if not isinstance(default, str) or rest.error_class == BAD_STATUS_CLASS:
+            rest = HandlerResult(
+                Outcome.RETRY, BAD_ANSWER_CLASS, f"unknown default_status {str(default)[:64]!r}"
+            )
+        if not entries:
+            return [rest] * n
     out: list[HandlerResult | None] = [None] * n
     unknown = 0
     for entry in entries:
@@ -183,7 +203,7 @@ def results_from_answer(
             unknown += 1  # an id never sent, or named twice (the first one counts)
             continue
         out[ident] = _entry_result(entry, status_code)
-    missing = HandlerResult(
+    missing = rest or HandlerResult(
         Outcome.RETRY, MISSING_CLASS, "the bulk answer had no result for this record"
     )
     if unknown:

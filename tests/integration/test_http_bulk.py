@@ -150,3 +150,15 @@ def test_many_concurrent_batches_share_the_pool(service: goservice.Service) -> N
     batches = asyncio.run(go())
     assert all(r.outcome is Outcome.SUCCESS for batch in batches for r in batch)
     assert service.stats()["records"] - before == 4000
+
+
+def test_compact_answers_name_only_the_exceptions(service: goservice.Service) -> None:
+    messages = _msgs(b"fine", b"status:DEAD", b"BOOM", b"fine", b"status:DROP")
+    got = call(service.bulk_url + "?compact=1", messages)
+    assert [r.outcome for r in got] == [
+        Outcome.SUCCESS,
+        Outcome.DEAD,
+        Outcome.RETRY,
+        Outcome.SUCCESS,
+        Outcome.DROP,
+    ]

@@ -123,3 +123,31 @@ def test_non_2xx_retries_every_record(status: int) -> None:
 def test_only_plain_http_urls(url: str) -> None:
     with pytest.raises(ValueError):
         HttpBulkHandler(url, timeout_s=1, max_batch=10, max_connections=1)
+
+
+def test_default_status_covers_the_records_not_named() -> None:
+    body = json.dumps(
+        {"results": [{"id": 1, "status": "DEAD", "error": "bad"}], "default_status": "SUCCESS"}
+    ).encode()
+    got = results_from_answer(3, 200, body, None)
+    assert [r.outcome for r in got] == [Outcome.SUCCESS, Outcome.DEAD, Outcome.SUCCESS]
+    everything = results_from_answer(2, 200, b'{"results": [], "default_status": "retry"}', None)
+    assert [(r.outcome, r.error_class) for r in everything] == [(Outcome.RETRY, "http_200")] * 2
+
+
+@pytest.mark.parametrize("default", ["LATER", 5, ["SUCCESS"]])
+def test_unknown_default_status_retries_the_records_not_named(default: object) -> None:
+    body = json.dumps(
+        {"results": [{"id": 0, "status": "SUCCESS"}], "default_status": default}
+    ).encode()
+    got = results_from_answer(2, 200, body, None)
+    assert [(r.outcome, r.error_class) for r in got] == [
+        (Outcome.SUCCESS, None),
+        (Outcome.RETRY, BAD_ANSWER_CLASS),
+    ]
+
+
+def test_a_single_record_answer_is_not_every_records_success() -> None:
+    # A single-record service pointed at bulk mode by mistake: no "results", so a bad answer.
+    got = results_from_answer(2, 200, b'{"status": "SUCCESS"}', None)
+    assert [(r.outcome, r.error_class) for r in got] == [(Outcome.RETRY, BAD_ANSWER_CLASS)] * 2

@@ -8,7 +8,8 @@
 // (docs/http-bulk.md): one SUCCESS per record, RETRY for records matching -fail-match, and
 // directives in record values for tests ("status:DEAD", "status:DROP", "omit"). The query of
 // /bulk picks a whole-request misbehaviour for tests: mode=badjson, mode=big, mode=5xx,
-// mode=hang, mode=unknown (an extra result with an id that was never sent). GET /stats
+// mode=hang, mode=unknown (an extra result with an id that was never sent); compact=1 names
+// only the records that did not succeed and answers "default_status": "SUCCESS". GET /stats
 // answers the request and record counts as JSON. The first line on stdout is
 // "listening <host:port>", once the socket accepts connections.
 package main
@@ -146,6 +147,17 @@ func bulk(w http.ResponseWriter, r *http.Request) {
 		results = append(results, bulkResult{ID: json.RawMessage(`"no-such-id"`), Status: "DEAD"})
 	}
 	w.Header().Set("Content-Type", "application/json")
+	if r.URL.Query().Get("compact") != "" {
+		// name only the records that did not succeed; default_status covers the rest
+		named := results[:0]
+		for _, res := range results {
+			if res.Status != "SUCCESS" {
+				named = append(named, res)
+			}
+		}
+		json.NewEncoder(w).Encode(map[string]any{"results": named, "default_status": "SUCCESS"})
+		return
+	}
 	json.NewEncoder(w).Encode(map[string]any{"results": results})
 }
 
