@@ -56,34 +56,46 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import binascii
 import contextlib
-import json
 import logging
-import re
-from collections import Counter
-from collections.abc import Iterable, Mapping
-from typing import Any, NamedTuple
+from typing import NamedTuple
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 import aiohttp
 
 from retryd.handlers.base import Message
+from retryd.handlers.http_headers import (
+    HEADERS_B64,
+    KAFKA_HEADER_PREFIX,
+    decode_kafka_headers,
+    encode_kafka_headers,
+)
 from retryd.handlers.http_pool import HttpPool
 from retryd.policy.classify import HandlerResult, Outcome, classify_http, timeout_result
 from retryd.policy.error_routes import error_name
 
 logger = logging.getLogger(__name__)
 
+# The Kafka-header mapping lives in http_headers; its names stay importable from here.
+__all__ = [
+    "ERROR_HEADER",
+    "HEADERS_B64",
+    "KAFKA_HEADER_PREFIX",
+    "MAX_RESPONSE_BYTES",
+    "VALUE_NULL",
+    "HttpHandler",
+    "decode_kafka_headers",
+    "encode_kafka_headers",
+    "redact_url",
+    "request_bytes",
+    "request_headers",
+]
+
 MAX_RESPONSE_BYTES = 64 * 1024
-KAFKA_HEADER_PREFIX = "X-Kafka-"
-HEADERS_B64 = "X-Retryd-Headers-B64"
 VALUE_NULL = "X-Retryd-Value-Null"
 ERROR_HEADER = "X-Retryd-Error"  # in a response: the error class the service names
 CONNECTION_ERROR_CLASS = "connection_error"
 REQUEST_ERROR_CLASS = "http_request_error"
-
-_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]*")
 
 
 def redact_url(url: str) -> str:
@@ -98,73 +110,6 @@ def redact_url(url: str) -> str:
         return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
     except ValueError:
         return "<unparsable URL>"
-
-
-def _plain_text(value: bytes | None) -> str | None:
-    if not value:
-        return None if value is None else ""
-    if not value.isascii():
-        return None
-    text = value.decode("ascii")
-    if not text.isprintable() or text[0] == " " or text[-1] == " ":
-        return None
-    return text
-
-
-def encode_kafka_headers(
-    headers: Iterable[tuple[str, bytes | None]],
-) -> list[tuple[str, str]]:
-    """HTTP headers (``X-Kafka-*`` plus at most one ``X-Retryd-Headers-B64``) for Kafka headers."""
-    headers = list(headers)
-    if not headers:
-        return []
-    folded = Counter(name.lower() for name, _ in headers)
-    exact = Counter(name for name, _ in headers)
-    out: list[tuple[str, str]] = []
-    packed: dict[str, Any] = {}
-    for name, value in headers:
-        text = _plain_text(value)
-        if text is not None and folded[name.lower()] == 1 and _SAFE_NAME.fullmatch(name):
-            out.append((KAFKA_HEADER_PREFIX + name, text))
-            continue
-        encoded = None if value is None else base64.b64encode(value).decode("ascii")
-        if exact[name] > 1:
-            packed.setdefault(name, []).append(encoded)
-        else:
-            packed[name] = encoded
-    if packed:
-        out.append((HEADERS_B64, json.dumps(packed, ensure_ascii=True, separators=(",", ":"))))
-    return out
-
-
-def decode_kafka_headers(http_headers: Mapping[str, str]) -> list[tuple[str, bytes | None]]:
-    """Kafka headers back from a request's HTTP headers (for Python sidecars and tests).
-
-    Names from ``X-Kafka-*`` come back in whatever case the HTTP layer delivered them.
-    Raises ``ValueError`` on a malformed ``X-Retryd-Headers-B64``.
-    """
-    out: list[tuple[str, bytes | None]] = []
-    packed_raw = None
-    prefix = KAFKA_HEADER_PREFIX.lower()
-    for name, value in http_headers.items():
-        if name.lower().startswith(prefix):
-            out.append((name[len(prefix) :], value.encode("ascii")))
-        elif name.lower() == HEADERS_B64.lower():
-            packed_raw = value
-    if packed_raw is not None:
-        try:
-            packed = json.loads(packed_raw)
-            if not isinstance(packed, dict):
-                raise ValueError("not a JSON object")
-            for name, encoded in packed.items():
-                values = encoded if isinstance(encoded, list) else [encoded]
-                for item in values:
-                    out.append(
-                        (name, None if item is None else base64.b64decode(item, validate=True))
-                    )
-        except (ValueError, TypeError, binascii.Error) as exc:
-            raise ValueError(f"malformed {HEADERS_B64}: {exc}") from exc
-    return out
 
 
 def _ascii(value: str) -> str:
