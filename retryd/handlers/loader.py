@@ -14,6 +14,7 @@ import importlib
 import re
 from collections.abc import Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 from yarl import URL
 
@@ -67,10 +68,18 @@ def load_handler(
         if batch:
             return _http_bulk_handler(spec, timeout_s, max_in_flight, batch)
         return _http_handler(spec, timeout_s, max_in_flight)
+    if spec.lower().startswith("http+unix://"):  # HTTP over a Unix socket (a pod's volume)
+        if not urlsplit(spec).netloc:
+            raise HandlerLoadError(
+                f"bad handler URL {spec!r}: needs http+unix://<percent-encoded socket path>/path"
+            )
+        if batch:
+            return _http_bulk_handler(spec, timeout_s, max_in_flight, batch)
+        return HttpHandler(spec, timeout_s=timeout_s, max_connections=max_in_flight)
     shown = redact_url(spec) if "://" in spec else spec
     raise HandlerLoadError(
         f"unknown handler spec {shown!r}: expected 'python:package.module:function' "
-        "or an http:// / https:// URL"
+        "or an http:// / https:// (or http+unix://) URL"
     )
 
 
@@ -124,7 +133,7 @@ def _http_handler(spec: str, timeout_s: float, max_in_flight: int) -> HttpHandle
 def _http_bulk_handler(spec: str, timeout_s: float, max_in_flight: int, batch: int) -> Handler:
     """The HTTP adapter's bulk mode: one connection per batch call in flight (the batch pool
     runs ``max_in_flight // batch`` calls at a time, at least one)."""
-    url = _url(spec)
+    url = spec if spec.lower().startswith("http+unix://") else str(_url(spec))
     try:  # by name: the bulk adapter is an optional part of a build
         bulk: Any = importlib.import_module("retryd.handlers.http_bulk")
     except ModuleNotFoundError as exc:
@@ -134,10 +143,13 @@ def _http_bulk_handler(spec: str, timeout_s: float, max_in_flight: int, batch: i
             f"handler {redact_url(spec)!r} with handler_batch={batch}: bulk HTTP mode not "
             "available in this build"
         ) from exc
-    handler: Handler = bulk.HttpBulkHandler(
-        str(url),
-        timeout_s=timeout_s,
-        max_batch=batch,
-        max_connections=max(1, max_in_flight // batch),
-    )
+    try:
+        handler: Handler = bulk.HttpBulkHandler(
+            url,
+            timeout_s=timeout_s,
+            max_batch=batch,
+            max_connections=max(1, max_in_flight // batch),
+        )
+    except ValueError as exc:  # e.g. https://: bulk mode speaks plain http only
+        raise HandlerLoadError(f"handler_batch={batch}: {exc}") from exc
     return handler

@@ -1,0 +1,3 @@
+module retryd.local/goservice
+
+go 1.22
