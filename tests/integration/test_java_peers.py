@@ -123,6 +123,9 @@ def test_retry_shape_spring(bootstrap: str, jars: dict[str, Any]) -> None:
             "retry",
             retry_delay_ms=1000,
             timeout_s=240,
+            # Spring re-fetches behind each failure, waiting fetch.max.wait.ms (500 ms by
+            # default) every time: the benchmark publishes that, this test checks behaviour
+            jvm_props={"peer.consumer.fetch.max.wait.ms": "20"},
         )
         assert_measured(result, "spring-kafka", RETRY_RECORDS)
         assert result["config"]["RetryableTopic.attempts"] == 2
