@@ -147,8 +147,10 @@ class StrictOrder:
         # every record set aside is decided again this often (a copy past the cap runs)
         self.full_recheck_s = max(RECHECK_S, min(60.0, (self.cap_ms or 600_000) / 1000 / 10))
         # long enough for a head to succeed on its first retry, short enough that a long
-        # block does not hold a main partition's committed offset back for long
-        self.aside_main_ms = min(2 * self.park_delay_ms + 1000, ASIDE_MAIN_MAX_MS)
+        # block does not hold a main partition's committed offset back for long (a crash
+        # redoes every success above a waiting record): one retry per block, two in all
+        self.aside_main_ms = min(self.park_delay_ms + 500, ASIDE_MAIN_MAX_MS)
+        self.aside_main_total_ms = min(2 * self.park_delay_ms + 1000, ASIDE_MAIN_MAX_MS)
         self.recheck_s = min(RECHECK_S, max(self.park_delay_ms / 1000, 0.05))
         reader.assign(
             [TopicPartition(self.state_topic, p, -2) for p in range(state_partitions)]
@@ -364,8 +366,8 @@ class StrictOrder:
         """Keep blocked ``w`` here instead of parking it (again): True when it may wait.
 
         - a tier copy waits until its chain moves: no copy produced again, no tier delay lost;
-        - a main-topic record waits about as long as one retry of what blocks it takes (twice
-          the first tier's delay and a second, per block; a minute in all): the commonest
+        - a main-topic record waits about as long as one retry of what blocks it takes (the
+          first tier's delay and half a second per block, twice that in all): the commonest
           block is a head that succeeds on its retry, and then the records behind it run at
           once, without an entry and a copy each. Past that it is parked, so a long block
           never holds its partition's committed offset back for longer (while it waits, a
@@ -385,7 +387,10 @@ class StrictOrder:
                 since = self.aside_since[id(w)] = (chain, now_ms, now_ms)
             elif since[1] < 0:  # its chain moved since: a new block starts now
                 since = self.aside_since[id(w)] = (chain, now_ms, since[2])
-            if now_ms - since[1] > self.aside_main_ms or now_ms - since[2] > ASIDE_MAIN_MAX_MS:
+            if (
+                now_ms - since[1] > self.aside_main_ms
+                or now_ms - since[2] > self.aside_main_total_ms
+            ):
                 self.aside_since.pop(id(w), None)
                 return False  # blocked for longer than a retry takes: parked
         chain = w.chain
