@@ -19,20 +19,17 @@ Timeouts are per call: a batch call that overruns ``timeout_s`` has its thread *
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 from bisect import bisect_left
-from collections import deque
 from collections.abc import Callable, Sequence
 
 from retryd.handlers.base import SyncBatchHandler
 from retryd.policy.classify import HandlerResult
-from retryd.worker.events import BatchStats, Buckets, SlotStats
+from retryd.worker.events import Buckets
 from retryd.worker.lifecycle import RUNNING, SUCCEEDED, Lifecycle
 from retryd.worker.scheduler import Scheduler
 from retryd.worker.slots import (
-    Collector,
     Slot,
     adapter_failure,
     hand_back,
@@ -40,6 +37,7 @@ from retryd.worker.slots import (
     record_call,
     timed_out,
 )
+from retryd.worker.thread_slots import ThreadSlots
 from retryd.worker.work import Work
 
 log = logging.getLogger(__name__)
@@ -130,7 +128,9 @@ def complete(
     return True
 
 
-class BatchThreadPool:
+class BatchThreadPool(ThreadSlots[BatchSlot]):
+    _call = "batch call"
+
     def __init__(
         self,
         handler: SyncBatchHandler,
@@ -140,25 +140,12 @@ class BatchThreadPool:
         timeout_s: float,
         on_abandoned: Callable[[int], None] | None = None,
     ) -> None:
+        super().__init__(scheduler, lifecycle, size, timeout_s, on_abandoned)  # size: threads
         self.handler = handler
-        self.scheduler = scheduler
-        self.lifecycle = lifecycle
-        self.size = size  # threads: concurrent batch calls
         self.max_batch = handler.max_batch
-        self.timeout_s = timeout_s
-        self.completions: deque[Work] = deque()
-        self._on_abandoned = on_abandoned
-        self._cond = threading.Condition(scheduler.lock)
-        self._slots: list[BatchSlot] = []
-        self._retired: list[BatchSlot] = []
-        self._own = SlotStats()
-        self._collector = Collector()
-        self._idle = 0
-        self._abandoned = 0
-        self._hung = 0
-        self._hung_lock = threading.Lock()
-        self._closed = False
-        self._started = 0
+
+    def _close_handler(self) -> None:
+        self.handler.close()
 
     # ---------------------------------------------------------------- poll-thread side
     def wake(self, ready: int) -> None:
@@ -218,35 +205,9 @@ class BatchThreadPool:
             if self._on_abandoned is not None:
                 self._on_abandoned(self._abandoned)
 
-    def collect(self, stats: BatchStats) -> None:
-        collector = self._collector
-        collector.add(self._own, stats)
-        for slot in self._slots:
-            collector.add(slot.stats, stats)
-        if self._retired:
-            for slot in self._retired:
-                collector.add(slot.stats, stats)
-                collector.forget(slot.stats)
-            self._retired.clear()
-
     def running(self) -> int:
         """Records in flight (a batch call counts each of its records)."""
         return sum(len(s.batch) for s in self._slots if s.work is not None)
-
-    @property
-    def abandoned(self) -> int:
-        return self._abandoned
-
-    @property
-    def hung(self) -> int:
-        return self._hung
-
-    def close(self, timeout_s: float) -> None:
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
-        with contextlib.suppress(Exception):
-            self.handler.close()
 
     # ---------------------------------------------------------------- slot-thread side
     def _serve(self, slot: BatchSlot) -> None:
@@ -295,8 +256,3 @@ class BatchThreadPool:
             if not complete(lifecycle, slot, batch, attempts, results, perf() - started, done):
                 self._late_return(batch[0])
                 return
-
-    def _late_return(self, work: Work) -> None:
-        with self._hung_lock:
-            self._hung -= 1
-        log.info("%s: abandoned batch call returned late; its thread exits", work.where)

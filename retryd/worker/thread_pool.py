@@ -9,22 +9,18 @@ interpreter exit, which is why this is not ``concurrent.futures``.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
-from collections import deque
 from collections.abc import Callable
 
 from retryd.handlers.base import SyncHandler
 from retryd.policy.classify import HandlerResult
-from retryd.worker.events import BatchStats, SlotStats
 from retryd.worker.lifecycle import SUCCEEDED, Lifecycle
 from retryd.worker.scheduler import Scheduler
 from retryd.worker.slots import (
     CHUNK_BUDGET_S,
     MAX_CHUNK,
     SLOW_CALL_S,
-    Collector,
     Slot,
     adapter_failure,
     hand_back,
@@ -32,12 +28,13 @@ from retryd.worker.slots import (
     record_call,
     timed_out,
 )
+from retryd.worker.thread_slots import ThreadSlots
 from retryd.worker.work import Work
 
 log = logging.getLogger(__name__)
 
 
-class ThreadPool:
+class ThreadPool(ThreadSlots[Slot]):
     def __init__(
         self,
         handler: SyncHandler,
@@ -47,24 +44,11 @@ class ThreadPool:
         timeout_s: float,
         on_abandoned: Callable[[int], None] | None = None,
     ) -> None:
+        super().__init__(scheduler, lifecycle, size, timeout_s, on_abandoned)
         self.handler = handler
-        self.scheduler = scheduler
-        self.lifecycle = lifecycle
-        self.size = size
-        self.timeout_s = timeout_s
-        self.completions: deque[Work] = deque()
-        self._on_abandoned = on_abandoned
-        self._cond = threading.Condition(scheduler.lock)
-        self._slots: list[Slot] = []  # live (not abandoned) slots
-        self._retired: list[Slot] = []  # abandoned: their counters are read once more
-        self._own = SlotStats()  # timeouts declared by the watchdog (poll thread)
-        self._collector = Collector()
-        self._idle = 0
-        self._abandoned = 0
-        self._hung = 0
-        self._hung_lock = threading.Lock()
-        self._closed = False
-        self._started = 0
+
+    def _close_handler(self) -> None:
+        self.handler.close()
 
     # ---------------------------------------------------------------- poll-thread side
     def wake(self, ready: int) -> None:
@@ -122,34 +106,8 @@ class ThreadPool:
             if self._on_abandoned is not None:
                 self._on_abandoned(self._abandoned)
 
-    def collect(self, stats: BatchStats) -> None:
-        collector = self._collector
-        collector.add(self._own, stats)
-        for slot in self._slots:
-            collector.add(slot.stats, stats)
-        if self._retired:
-            for slot in self._retired:
-                collector.add(slot.stats, stats)
-                collector.forget(slot.stats)
-            self._retired.clear()
-
     def running(self) -> int:
         return sum(1 for slot in self._slots if slot.work is not None)
-
-    @property
-    def abandoned(self) -> int:
-        return self._abandoned
-
-    @property
-    def hung(self) -> int:
-        return self._hung
-
-    def close(self, timeout_s: float) -> None:
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
-        with contextlib.suppress(Exception):
-            self.handler.close()
 
     # ---------------------------------------------------------------- slot-thread side
     def _serve(self, slot: Slot) -> None:
@@ -217,8 +175,3 @@ class ThreadPool:
                             done(w)  # FAILED: the poll thread routes it
                     average += (seconds - average) * 0.2
                 chunk = max(1, min(MAX_CHUNK, int(CHUNK_BUDGET_S / max(average, 1e-7))))
-
-    def _late_return(self, work: Work) -> None:
-        with self._hung_lock:
-            self._hung -= 1
-        log.info("%s: abandoned handler call returned late; its thread exits", work.where)
