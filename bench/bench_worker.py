@@ -384,30 +384,99 @@ def _tier_headers(topic: str, group: str, due_ms: int) -> Callable[[int], list[t
     return headers
 
 
+TIER_CONSUMER_MODES = ("own", "shared")  # role all: tiers on their own member, or shared
+
+
 def memory(run: Run, n_small: int, n_big: int) -> dict:
-    """Peak RSS of a worker facing n_big vs n_small not-yet-due records in a tier."""
-    out = {}
-    for label, n in (("small", n_small), ("big", n_big)):
-        with h.broker(run.quick) as b:
-            topic = f"bench-{uuid.uuid4().hex[:8]}"
-            h.create_topics(b, [topic], PARTITIONS)
-            cli = run.cli(b, topic, "python:bench.handlers:noop")
-            cli.topics_create()
-            headers = _tier_headers(topic, cli.group, int(time.time() * 1000) + 3_600_000)
-            t0 = time.monotonic()
-            h.produce(
-                b, "retry_1h", n, value=_value, key=lambda i: str(i).encode(), headers=headers
-            )
-            print(f"  produced {n} tier records in {time.monotonic() - t0:.1f}s", file=sys.stderr)
-            proc = cli.start()
-            try:
-                _wait_assigned(cli.state_dir, proc)
-                time.sleep(4 if run.quick else 20)  # let it fill its buffers and pause
-                out[label] = {"records": n, "peak_rss_mb": h.peak_rss_mb(proc.pid)}
-            finally:
-                h.stop(proc)
-    out["ratio"] = out["big"]["peak_rss_mb"] / out["small"]["peak_rss_mb"]
+    """Peak RSS of a worker facing n_big vs n_small not-yet-due records in a tier, with the
+    tiers on their own consumer (the default) and, for the record, on the shared one."""
+    out: dict[str, Any] = {}
+    for mode in TIER_CONSUMER_MODES:
+        for label, n in (("small", n_small), ("big", n_big)):
+            out[f"{mode}_{label}"] = _memory_once(run, n, mode)
+        out[f"{mode}_ratio"] = (
+            out[f"{mode}_big"]["peak_rss_mb"] / out[f"{mode}_small"]["peak_rss_mb"]
+        )
+    out["ratio"] = out["own_ratio"]
     return out
+
+
+def _memory_once(run: Run, n: int, mode: str) -> dict:
+    with h.broker(run.quick) as b:
+        topic = f"bench-{uuid.uuid4().hex[:8]}"
+        h.create_topics(b, [topic], PARTITIONS)
+        cli = run.cli(b, topic, "python:bench.handlers:noop", RETRYD_TIER_CONSUMER=mode)
+        cli.topics_create()
+        headers = _tier_headers(topic, cli.group, int(time.time() * 1000) + 3_600_000)
+        t0 = time.monotonic()
+        h.produce(b, "retry_1h", n, value=_value, key=lambda i: str(i).encode(), headers=headers)
+        print(f"  produced {n} tier records in {time.monotonic() - t0:.1f}s", file=sys.stderr)
+        proc = cli.start()
+        try:
+            _wait_assigned(cli.state_dir, proc)
+            time.sleep(4 if run.quick else 20)  # let it fill its buffers and pause
+            return {"records": n, "peak_rss_mb": h.peak_rss_mb(proc.pid)}
+        finally:
+            h.stop(proc)
+
+
+def late_join(run: Run, n: int) -> dict:
+    """Classic protocol, role all: one worker process runs alone, a second one (another
+    ``retryd worker``, same group) joins once the first is busy. Throughput once both run
+    (from the joiner's first record to the n-th) vs one process alone on the same shape,
+    ~50 µs of CPU per record; with the tiers on their own consumer (the default) and on the
+    shared one. A joiner given only tier partitions adds nothing."""
+    out: dict[str, Any] = {}
+    with h.broker(run.quick) as b:
+        topic = _main_topic(b, n, 50_000)
+        cli = run.cli(b, topic, "python:bench.handlers:burn")
+        cli.topics_create()
+        one = _throughput(run, cli, topic, "success", n)
+        out["one"] = one
+        for mode in TIER_CONSUMER_MODES:
+            topic = _main_topic(b, n, 50_000)
+            first = run.cli(b, topic, "python:bench.handlers:burn", RETRYD_TIER_CONSUMER=mode)
+            first.topics_create()
+            second = run.cli(b, topic, "python:bench.handlers:burn", RETRYD_TIER_CONSUMER=mode)
+            second.group = first.group
+            res = _two_members(first, second, topic, n)
+            res["vs_one"] = res["msgs_per_s"] / one["msgs_per_s"]
+            out[mode] = res
+    out["ratio"] = out["own"]["vs_one"]
+    out["shared_ratio"] = out["shared"]["vs_one"]
+    return out
+
+
+def _two_members(first: h.Cli, second: h.Cli, topic: str, n: int) -> dict:
+    a = first.start()
+    b: subprocess.Popen[bytes] | None = None
+    ma, mb = h.Metrics(first.state_dir), h.Metrics(second.state_dir)
+    try:
+        h.time_until(lambda: ma.messages(topic, "success"), max(1, n // 20), a, timeout_s=300)
+        b = second.start()
+
+        # from the joiner's first record: both members run (its join's rebalance included)
+        def total() -> float:
+            return ma.messages(topic, "success") + mb.messages(topic, "success")
+
+        # (or the first finished everything alone: a quick run's N can be that small)
+        h.time_until(
+            lambda: n if total() >= n else mb.messages(topic, "success"), 1, b, timeout_s=300
+        )
+        at_join = min(total(), n - 1)
+        started = time.monotonic()
+        h.time_until(total, n, a, timeout_s=900)
+        elapsed = time.monotonic() - started
+        done_b = mb.messages(topic, "success")
+    finally:
+        h.stop(a)
+        if b is not None:
+            h.stop(b)
+    return {
+        "seconds": elapsed,
+        "msgs_per_s": (n - at_join) / max(elapsed, 1e-6),
+        "joiner_share": done_b / n,
+    }
 
 
 # ------------------------------------------------------------------ report
@@ -473,10 +542,31 @@ TARGETS: dict[str, tuple[str, str, str, str, float | None]] = {
     ),
     "memory": (
         "memory",
-        "peak RSS, 1,000,000 vs 10,000 not-yet-due tier records",
+        "peak RSS, 1,000,000 vs 10,000 not-yet-due tier records (tiers on their own consumer)",
         "ratio",
         "<=",
         1.10,
+    ),
+    "memory_shared": (
+        "memory",
+        "the same with tier_consumer=shared (one consumer for main topics and tiers; same run)",
+        "shared_ratio",
+        "<=",
+        None,
+    ),
+    "late_join": (
+        "late_join",
+        "2 processes vs 1, the second joining late (classic protocol, ~50 µs CPU per record)",
+        "ratio",
+        ">=",
+        1.8,
+    ),
+    "late_join_shared": (
+        "late_join",
+        "the same with tier_consumer=shared (same run)",
+        "shared_ratio",
+        ">=",
+        None,
     ),
     "scale": (
         "scale",
@@ -642,6 +732,7 @@ SCENARIOS = (
     "lateness_jitter",
     "memory",
     "scale",
+    "late_join",
     "tracing",
 )
 # Run only when named: it compares two source trees (``--before``/``--after``).
@@ -699,6 +790,8 @@ def main() -> None:
         "n_http": 600 if quick else 20_000,
         "n_lateness": 1_000 if quick else 50_000,
         "n_scale": 2_000 if quick else 100_000,
+        # the joiner's join (a cooperative rebalance, seconds) must be a small part of the run
+        "n_late": 2_000 if quick else 400_000,
         "mem": (2_000, 20_000) if quick else (10_000, 1_000_000),
         "repeat": repeat,
     }
@@ -731,6 +824,8 @@ def main() -> None:
                     res = lateness(run, params["n_lateness"], "2s,5s,10s, jitter=20%")
                 elif name == "scale":
                     res = scale(run, params["n_scale"])
+                elif name == "late_join":
+                    res = late_join(run, params["n_late"])
                 elif name == "tracing":
                     assert trees is not None
                     modes = [m for m in args.tracing_modes.split(",") if m]

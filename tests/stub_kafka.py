@@ -346,6 +346,50 @@ class StubConsumer:
         self.closed = True
 
 
+class StubMembers:
+    """A worker's group members on the stub, driven as one: role ``all`` has a main member and
+    a tiers member (retryd.worker.split_consumer); a test's rebalance of a mix of main and tier
+    partitions reaches each member with its own share, as the broker's would."""
+
+    def __init__(self, consumer: Any) -> None:
+        main, tiers = getattr(consumer, "main", consumer), getattr(consumer, "tiers", None)
+        self.main: StubConsumer = main
+        self.tiers: StubConsumer | None = tiers
+        self._tier_topics: frozenset[str] = getattr(consumer, "_tier_topics", frozenset())
+
+    def _split(self, tps: list[TP]) -> list[tuple[StubConsumer, list[TP]]]:
+        if self.tiers is None:
+            return [(self.main, tps)]
+        tiers = [tp for tp in tps if tp[0] in self._tier_topics]
+        main = [tp for tp in tps if tp[0] not in self._tier_topics]
+        return [(m, part) for m, part in ((self.main, main), (self.tiers, tiers)) if part]
+
+    def trigger_assign(self, tps: list[TP]) -> None:
+        for member, part in self._split(tps):
+            member.trigger_assign(part)
+
+    def trigger_revoke(self, tps: list[TP]) -> None:
+        for member, part in self._split(tps):
+            member.trigger_revoke(part)
+
+    def trigger_lost(self, tps: list[TP]) -> None:
+        for member, part in self._split(tps):
+            member.trigger_lost(part)
+
+    @property
+    def assigned(self) -> list[TP]:
+        return self.main.assigned + (self.tiers.assigned if self.tiers is not None else [])
+
+    @property
+    def pause_calls(self) -> list[TP]:
+        return self.main.pause_calls + (self.tiers.pause_calls if self.tiers else [])
+
+
+def members(worker: Any) -> StubMembers:
+    """The stub members of ``worker`` (a retryd Worker built on this stub)."""
+    return StubMembers(worker.parts.consumer)
+
+
 @dataclass
 class _Pending:
     callback: Callable[[KafkaError | None, Any], None] | None

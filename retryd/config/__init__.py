@@ -5,8 +5,17 @@ from retryd.config.settings import (
     Ordering,
     Role,
     Settings,
+    TierConsumer,
     load_settings,
     redact_kafka,
 )
 
-__all__ = ["GroupProtocol", "Ordering", "Role", "Settings", "load_settings", "redact_kafka"]
+__all__ = [
+    "GroupProtocol",
+    "Ordering",
+    "Role",
+    "Settings",
+    "TierConsumer",
+    "load_settings",
+    "redact_kafka",
+]

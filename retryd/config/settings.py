@@ -55,6 +55,15 @@ class Role(enum.StrEnum):
     TIERS = "tiers"
 
 
+class TierConsumer(enum.StrEnum):
+    """Role ``all``: the tiers on a consumer (group member) of their own, with their own small
+    prefetch and assignment (``own``), or on the main topics' consumer (``shared``, the
+    earlier design). Exactly-once routing always shares one (retryd.worker.split_consumer)."""
+
+    OWN = "own"
+    SHARED = "shared"
+
+
 class LogLevel(enum.StrEnum):
     """The least severe log records written."""
 
@@ -193,6 +202,7 @@ class Settings(BaseSettings):
     poll_timeout_s: float = Field(default=0.5, gt=0, le=10)
     max_abandoned_handlers: int = Field(default=8, ge=1)
     tier_prefetch_kbytes: int = Field(default=1024, ge=1)
+    tier_consumer: TierConsumer = TierConsumer.OWN
     # Outage circuit breaker (retryd.policy.circuit): opens when, over the last
     # circuit_window_calls calls of the last circuit_window_s, retryable failures are at least
     # circuit_failure_ratio of them, at least circuit_min_failures, from circuit_min_keys keys

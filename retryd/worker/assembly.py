@@ -21,7 +21,7 @@ from typing import Any
 
 from confluent_kafka import KafkaException
 
-from retryd.config import Role, Settings
+from retryd.config import Role, Settings, TierConsumer
 from retryd.errors import ConfigError, KafkaRuntimeError, KafkaSetupError
 from retryd.handlers.base import (
     AsyncBatchHandler,
@@ -62,6 +62,7 @@ from retryd.worker.pools import LoopPool, Pool, ThreadPool
 from retryd.worker.router import ProducerLike, Router
 from retryd.worker.scheduler import Scheduler
 from retryd.worker.settle import Settler
+from retryd.worker.split_consumer import SplitConsumer
 from retryd.worker.strict import StrictOrder
 from retryd.worker.summary import RunSummary
 
@@ -156,7 +157,7 @@ def build_worker(
     heartbeat.beat(0, 0, "starting", force=True)
     owned: dict[tuple[str, int], PartitionState] = {}
     lag = LagReporter(events, owned)
-    consumer = consumer_factory(worker_consumer_config(settings, role, lag.on_stats))
+    consumer = _consumer(settings, role, consumer_factory, lag.on_stats)
     counts = _check_topics(consumer, settings, topics)
     offsets: OffsetSink
     if settings.exactly_once:
@@ -270,6 +271,32 @@ def build_worker(
             tracing=tracing,
         )
     )
+
+
+def _consumer(
+    settings: Settings,
+    role: Role,
+    factory: ConsumerFactory,
+    stats_cb: Callable[[str], None],
+) -> ConsumerLike:
+    """The worker's consumer. Role ``all`` puts its tiers on a member of their own
+    (retryd.worker.split_consumer), unless ``tier_consumer = shared`` or exactly-once routing
+    (whose transaction commits the offsets of one member) asks for one."""
+    tiers = settings.plan.tier_topics
+    if (
+        role is not Role.ALL
+        or not tiers
+        or settings.tier_consumer is TierConsumer.SHARED
+        or settings.exactly_once
+    ):
+        return factory(worker_consumer_config(settings, role, stats_cb))
+    main = factory(worker_consumer_config(settings, role, stats_cb))
+    try:
+        tier_member = factory(worker_consumer_config(settings, role, stats_cb, tiers_member=True))
+    except BaseException:
+        main.close()
+        raise
+    return SplitConsumer(main, tier_member, tiers)
 
 
 def key_state_reader_config(settings: Settings) -> dict[str, Any]:

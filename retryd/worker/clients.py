@@ -11,14 +11,21 @@ from retryd.kafka.clients import common_config, group_consumer_config, producer_
 
 
 def worker_consumer_config(
-    settings: Settings, role: Role, stats_cb: Callable[[str], None] | None = None
+    settings: Settings,
+    role: Role,
+    stats_cb: Callable[[str], None] | None = None,
+    *,
+    tiers_member: bool = False,
 ) -> dict[str, Any]:
-    """The worker's group consumer.
+    """The worker's group consumer (or, with ``tiers_member``, role ``all``'s tiers member:
+    retryd.worker.split_consumer).
 
-    Main topics keep librdkafka's default prefetch whatever the role: the worker keeps
-    not-yet-due tier records in memory instead of seeking, so a large prefetch is not thrown
-    away on every due time. A tiers-only worker still uses ``tier_prefetch_kbytes``: when a
-    tier's in-memory tail is full the partition is paused, which discards its prefetched data.
+    Main topics keep librdkafka's default prefetch: they are read as fast as they are handled.
+    A consumer of tiers alone uses ``tier_prefetch_kbytes``: not-yet-due records wait in
+    memory (bounded by ``tier_buffer``), and when a tier's in-memory tail is full the
+    partition is paused, which discards its prefetched data, so a large prefetch would only be
+    memory spent twice. A consumer of both (``tier_consumer = shared``, or exactly-once) keeps
+    the default, so deep tiers take a share of its fetch queue.
     """
     tuning: dict[str, Any] = {
         "session.timeout.ms": settings.session_timeout_ms,
@@ -37,7 +44,7 @@ def worker_consumer_config(
         # reader already defaults to read_committed, fixed here because exactly-once needs it.
         tuning["enable.auto.commit"] = False
         tuning["isolation.level"] = "read_committed"
-    if role is Role.TIERS:
+    if role is Role.TIERS or tiers_member:
         tuning["queued.max.messages.kbytes"] = settings.tier_prefetch_kbytes
         tuning["fetch.max.bytes"] = max(1024 * 1024, settings.tier_prefetch_kbytes * 1024)
     if stats_cb is not None:
@@ -45,7 +52,7 @@ def worker_consumer_config(
         tuning["stats_cb"] = stats_cb
     return group_consumer_config(
         common_config(settings),
-        f"worker-{role.value}",
+        "worker-all-tiers" if tiers_member else f"worker-{role.value}",
         settings.group_id,
         protocol=settings.group_protocol.value,
         **tuning,

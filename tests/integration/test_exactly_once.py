@@ -26,7 +26,7 @@ from tests.integration.worker_support import (
     deployment,
     stop_process,
 )
-from tests.support import ON_TANSU, produce, read_topic, unique, wait_for
+from tests.support import ON_TANSU, json_lines, produce, read_topic, unique, wait_for
 
 pytestmark = pytest.mark.skipif(ON_TANSU, reason="the embedded stand-in shows aborted data")
 
@@ -100,6 +100,13 @@ def test_copies_and_offsets_commit_in_transactions(bootstrap: str, tmp_path: Pat
     assert main.offset == 15
 
 
+def _called(log: Path, pid: int, *, tier: bool) -> bool:
+    """``pid`` has handled a record (of a tier, with ``tier``)."""
+    if not log.exists():
+        return False
+    return any(c["pid"] == pid and (not tier or c["retry_number"] > 0) for c in json_lines(log))
+
+
 def _sigkill_loop(dep: Deployment, tmp_path: Path, messages: int, kills: int) -> Counter[str]:
     """Produce ``messages`` always-failing records while one worker process is SIGKILLed
     ``kills`` times (restarted at once); returns the count of dead letters per id once every
@@ -113,10 +120,15 @@ def _sigkill_loop(dep: Deployment, tmp_path: Path, messages: int, kills: int) ->
         chunk = messages // (kills + 1)
         for i in range(kills + 1):
             produce(dep.bootstrap, dep.main, records[i * chunk : (i + 1) * chunk])
-            if i == 0:
-                wait_for(log.exists, 60, what="the worker to handle a first call")
             if i == kills:
                 break
+            # every process works before it is killed (a restarted one first waits for the
+            # killed members' sessions to time out): main records, and their tier copies
+            wait_for(
+                lambda pid=proc.pid: _called(log, pid, tier=True),  # type: ignore[misc]
+                90,
+                what="the worker to handle tier records",
+            )
             # let it route part of the chunk, then kill it mid-flight
             time.sleep(rng.uniform(0.8, 1.6))  # the fault schedule's pace
             assert proc.poll() is None, "the worker exited on its own"

@@ -63,7 +63,7 @@ from retryd.policy import key_order as ko
 from retryd.worker import loop_pool
 from retryd.worker.assembly import build_worker
 from retryd.worker.engine import Worker
-from tests.stub_kafka import LateAcksProducer, StubBroker, StubReader
+from tests.stub_kafka import LateAcksProducer, StubBroker, StubReader, members
 from tests.support import wait_for
 
 MAIN = "orders"
@@ -359,7 +359,7 @@ class Group:
             producer_factory=producer,
             reader_factory=lambda conf: StubReader(broker, conf),
         )
-        stub = broker.consumers[-1]
+        stub = members(worker)
 
         def target() -> None:
             try:
@@ -374,7 +374,7 @@ class Group:
 
     def handover(self, how: str) -> None:
         worker, thread = self.members[-1]
-        stub = self.broker.consumers[-1]
+        stub = members(worker)
         if how == "revoke":
             stub.trigger_revoke(list(self.tps))
             wait_for(lambda: not stub.assigned, 60, interval=0.005, what="the revoke")

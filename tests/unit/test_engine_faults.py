@@ -20,7 +20,7 @@ from retryd.worker import loop_pool
 from retryd.worker.engine import Worker
 from retryd.worker.lifecycle import RaceHooks
 from retryd.worker.scheduler import Scheduler
-from tests.stub_kafka import StubBroker
+from tests.stub_kafka import StubBroker, members
 from tests.support import wait_for
 from tests.unit.test_engine_loop import GROUP, MAIN, broker, make_worker, running, send
 
@@ -109,7 +109,7 @@ def _revoke_scenario(broker: StubBroker, tmp_path: Path, log: Log) -> float:
         broker.append(MAIN, b"K", b"k%d" % i, partition=0)
     broker.append(MAIN, b"X", b"x", partition=0)
     thread, errors = run_in_thread(a)
-    consumer_a = broker.consumers[-1]
+    consumer_a = members(a)
     consumer_a.trigger_assign([(MAIN, 0)])
     wait_for(lambda: any(c[1] == b"X" for c in log.calls), 5, what="the other key to run")
     consumer_a.trigger_revoke([(MAIN, 0)])

@@ -49,6 +49,7 @@ from retryd.worker.engine import Worker
 from retryd.worker.lifecycle import RUNNING
 from retryd.worker.partition import PartitionState
 from tests.stub_kafka import StubBroker
+from tests.stub_kafka import members as stub_members
 from tests.support import wait_for
 
 MAIN = "orders"
@@ -255,7 +256,7 @@ class Group:
             return made
 
         worker.book.assign = assign  # type: ignore[method-assign]
-        stub = broker.consumers[-1]
+        stub = stub_members(worker)
 
         def target() -> None:
             try:

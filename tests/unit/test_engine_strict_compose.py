@@ -21,7 +21,7 @@ from retryd.worker import strict as strict_module
 from retryd.worker.assembly import build_worker
 from retryd.worker.engine import Worker
 from retryd.worker.lifecycle import NO_HOOKS, RaceHooks
-from tests.stub_kafka import LateAcksProducer, StubBroker, StubReader
+from tests.stub_kafka import LateAcksProducer, StubBroker, StubReader, members
 from tests.support import wait_for
 from tests.unit.test_engine_strict import GROUP, MAIN, STATE, Log, send, state_entries
 
@@ -116,7 +116,7 @@ def test_a_revoke_waits_for_every_write_of_a_strict_record(
     )
     send(broker, [b"a", b"a", b"a"], PARTITIONS)
     part = ko.murmur2(b"a") % PARTITIONS
-    stub = broker.consumers[-1]
+    stub = members(worker)
     thread = _start(worker)
     tps = [(t, p) for t in (MAIN, "retry_50ms") for p in range(PARTITIONS)]
     try:
