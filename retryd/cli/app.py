@@ -46,6 +46,17 @@ def settings_or_exit(config: Path | None, **overrides: Any) -> Settings:
     return settings
 
 
+def _version_flag(value: bool) -> None:
+    """``retryd --version``, the conventional flag: the text of ``retryd version``, printed by
+    the same function, so that the two cannot differ. Eager: it answers before a sub-command
+    is required and before any setting is read."""
+    if value:
+        from retryd.cli.version import version  # imported late: that module imports this one
+
+        version()
+        raise typer.Exit()
+
+
 @app.callback()
 def _root(
     log_level: str | None = typer.Option(
@@ -53,6 +64,13 @@ def _root(
     ),
     log_format: str | None = typer.Option(
         None, "--log-format", help="text|json (default: settings, RETRYD_LOG_FORMAT)"
+    ),
+    _version: bool = typer.Option(
+        False,
+        "--version",
+        callback=_version_flag,
+        is_eager=True,
+        help="Print the retryd version and exit (as `retryd version`).",
     ),
 ) -> None:
     """retryd: retry-topic orchestration for Apache Kafka."""
