@@ -30,6 +30,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -689,17 +690,40 @@ def write_markdown(rows: list[dict], info: dict[str, Any], params: dict[str, Any
         "| figure | target | measured (median) | runs | met |",
         "|---|---|---|---|---|",
     ]
+    text = path.read_text() if path.exists() else "# Benchmarks\n\n"
+    measured = {r["figure"] for r in rows}
+    kept = _kept_rows(text, begin, end, measured)
     for r in rows:
         runs = ", ".join(str(x) for x in r["runs"])
         lines.append(f"| {r['figure']} | {r['target']} | {r['measured']} | {runs} | {_met(r)} |")
+    lines += kept
     lines.append(end)
     block = "\n".join(lines)
-    text = path.read_text() if path.exists() else "# Benchmarks\n\n"
     if begin in text:
         text = text[: text.index(begin)] + block + text[text.index(end) + len(end) :]
     else:
         text = text.rstrip() + "\n\n" + block + "\n"
     path.write_text(text)
+
+
+def _kept_rows(text: str, begin: str, end: str, measured: set[str]) -> list[str]:
+    """The rows of the broker's earlier table that this run did not measure (``--only``),
+    kept and marked with the revision that measured them, so a partial run never drops the
+    other figures."""
+    if begin not in text or end not in text:
+        return []
+    old = text[text.index(begin) : text.index(end)]
+    found = re.search(r"retryd (\w+), load average", old)
+    rev = found.group(1) if found else "earlier"
+    kept = []
+    for line in old.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 5 or cells[0] in ("figure", "---") or cells[0] in measured:
+            continue
+        if "(run of retryd" not in cells[3]:
+            cells[3] += f" (run of retryd {rev})"
+        kept.append("| " + " | ".join(cells) + " |")
+    return kept
 
 
 def child(args: argparse.Namespace) -> None:
@@ -846,6 +870,14 @@ def main() -> None:
     if not args.no_write and not quick:
         out = ROOT / "bench" / "results" / f"worker-{info['broker']['kind']}.json"
         out.parent.mkdir(parents=True, exist_ok=True)
+        if out.exists():  # a partial run (--only) keeps the other scenarios' results
+            earlier = json.loads(out.read_text())
+            for name, runs in earlier.get("results", {}).items():
+                if name not in results:
+                    report["results"][name] = runs  # type: ignore[index]
+                    report.setdefault("kept_from", {})[name] = earlier.get("machine", {}).get(  # type: ignore[union-attr]
+                        "retryd_commit"
+                    )
         out.write_text(json.dumps(report, indent=2))
         write_markdown(rows, info, params)
 
