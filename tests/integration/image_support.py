@@ -25,6 +25,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,9 @@ BASE_ENV = {
     "LANG": "C.UTF-8",
 }
 TOOLS = ("buildah", "debootstrap")
+BASE_REPO = "localhost/retryd-test-python"
+TEST_REPO = "localhost/retryd:test-"  # the images the tests build, one per run
+STALE_S = 3 * 3600
 PIP_ARGS = ("--no-index", "--no-cache-dir", "--disable-pip-version-check")
 HOST_CA = "/etc/ssl/certs/ca-certificates.crt"  # Debian's bundle, where Debian's pip reads it
 
@@ -65,7 +69,7 @@ def base_key() -> str:
 
 
 def base_name() -> str:
-    return f"localhost/retryd-test-python:3.11-{base_key()}"
+    return f"{BASE_REPO}:3.11-{base_key()}"
 
 
 @contextlib.contextmanager
@@ -162,6 +166,9 @@ def base_tarball() -> Path:
             partial = work / "base.tar"
             _run(["tar", "-C", str(rootfs), "--numeric-owner", "-cf", str(partial), "."], 600)
             partial.rename(tarball)
+            for other in CACHE.glob("base-*.tar"):
+                if other != tarball:
+                    other.unlink()
         finally:
             shutil.rmtree(work, ignore_errors=True)
     return tarball
@@ -192,6 +199,20 @@ class Buildah:
             self.command("inspect", "--type", "image", name), capture_output=True, timeout=60
         )
         return done.returncode == 0
+
+    def prune(self) -> None:
+        """Remove what runs that were killed left in the store (their images, with the
+        containers made from them, once older than ``STALE_S``: another run may be using a
+        newer one) and bases of other keys: vfs keeps a full copy of each."""
+        now = time.time()
+        for image in json.loads(self("images", "--json") or "null") or []:
+            stale = now - float(image.get("created", now)) > STALE_S
+            for name in image.get("names") or []:
+                if (name.startswith(TEST_REPO) and stale) or (
+                    name.startswith(BASE_REPO) and name != base_name()
+                ):
+                    log.info("removing %s from the image store", name)
+                    self("rmi", "--force", name)
 
     def base_image(self) -> str:
         """The stand-in base in the store, imported from its tarball once."""

@@ -60,7 +60,10 @@ def _unavailable() -> str | None:
         return "needs root: buildah (chroot isolation, vfs) and debootstrap run as root"
     missing = image_support.missing_tools()
     if missing:
-        return f"{' and '.join(missing)} not installed (scripts/test installs them, as root)"
+        return (
+            f"{' and '.join(missing)} not installed (scripts/test installs buildah and "
+            "debootstrap from Debian when run as root)"
+        )
     return None
 
 
@@ -70,10 +73,11 @@ pytestmark = pytest.mark.skipif(_unavailable() is not None, reason=_unavailable(
 @pytest.fixture(scope="module")
 def image() -> Iterator[tuple[Buildah, str]]:
     buildah = Buildah()
+    buildah.prune()
     started = time.monotonic()
     base = buildah.base_image()
     based = time.monotonic()
-    tag = f"localhost/retryd:test-{unique('b')}"
+    tag = f"{image_support.TEST_REPO}{unique('b')}"
     buildah.build(REPO, tag, base)
     print(f"image base {based - started:.1f}s, build {time.monotonic() - based:.1f}s")
     try:
@@ -306,10 +310,14 @@ def test_worker_and_sidecar_from_the_image_handle_the_demo_orders(
     os.chown(state, UID, UID)
     conf = ["-c", "/etc/retryd/retryd.toml"]
 
-    def run(args: list[str], log: str) -> Running:
-        return Running(buildah, container(), entrypoint, args, env, state, tmp_path / log)
+    def run(args: list[str], log: str, into: str | None = None) -> Running:
+        into = into or container()
+        return Running(buildah, into, entrypoint, args, env, state, tmp_path / log)
 
-    topics = run(["topics", "create", *conf], "topics.log")
+    # the one-shot topics job runs in the worker's container before it (an init container;
+    # vfs copies the whole image for every container)
+    worker_container = container()
+    topics = run(["topics", "create", *conf], "topics.log", worker_container)
     assert topics.proc.wait(180) == 0, (tmp_path / "topics.log").read_text()[-3000:]
 
     orders = demo_orders(300, fail_rate=0.1, poison_rate=0.02, max_fail=plan.max_retries + 1)
@@ -320,7 +328,7 @@ def test_worker_and_sidecar_from_the_image_handle_the_demo_orders(
     started: list[Running] = []
     url = f"http://127.0.0.1:{port}"
     try:
-        worker = run(["worker", *conf], "worker.log")
+        worker = run(["worker", *conf], "worker.log", worker_container)
         started.append(worker)
         sidecar = run(["sidecar", *conf], "sidecar.log")
         started.append(sidecar)
