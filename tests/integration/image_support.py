@@ -178,6 +178,9 @@ class Buildah:
     """buildah on a private vfs store under the cache directory, chroot isolation."""
 
     def __init__(self, root: Path = CACHE / "storage") -> None:
+        # the store's run state (mount counts, locks) on /run, a tmpfs, so that a reboot
+        # clears it as it clears the mounts; one per store
+        runroot = Path("/run/retryd-image") / hashlib.sha256(str(root).encode()).hexdigest()[:12]
         self.global_args = [
             "buildah",
             "--storage-driver",
@@ -185,7 +188,7 @@ class Buildah:
             "--root",
             str(root),
             "--runroot",
-            str(root.parent / "runroot"),
+            str(runroot),
         ]
 
     def __call__(self, *args: str, timeout: float = 600) -> str:
