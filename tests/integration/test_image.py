@@ -318,7 +318,11 @@ def test_worker_and_sidecar_from_the_image_handle_the_demo_orders(
     # vfs copies the whole image for every container)
     worker_container = container()
     topics = run(["topics", "create", *conf], "topics.log", worker_container)
-    assert topics.proc.wait(180) == 0, (tmp_path / "topics.log").read_text()[-3000:]
+    try:
+        code = topics.proc.wait(180)
+    finally:
+        topics.stop()
+    assert code == 0, (tmp_path / "topics.log").read_text()[-3000:]
 
     orders = demo_orders(300, fail_rate=0.1, poison_rate=0.02, max_fail=plan.max_retries + 1)
     expected = expected_outcome(orders, plan)
