@@ -40,6 +40,7 @@ started are RELEASEd, and the consumer is closed (which sends the acknowledgemen
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from collections import deque
@@ -211,13 +212,13 @@ class ShareWorker:
             timeout_s = min(timeout_s, max(0.0, deadline - time.monotonic()))
         try:
             first = done.get(timeout=timeout_s)
-        except Exception:  # queue.Empty
+        except queue.Empty:
             return
         self._finished(first)
         while True:
             try:
                 item = done.get_nowait()
-            except Exception:  # queue.Empty
+            except queue.Empty:
                 return
             self._finished(item)
 
