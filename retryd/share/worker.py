@@ -49,7 +49,7 @@ from typing import Any
 
 from confluent_kafka import AcknowledgeType, KafkaError, KafkaException
 
-from retryd.errors import DeliveryError, HungHandlersError, RetrydError
+from retryd.errors import DeliveryError, HungHandlersError, KafkaRuntimeError, RetrydError
 from retryd.handlers.base import Message
 from retryd.handlers.quick import QuickCounts
 from retryd.metrics.registry import SHARE_ACKNOWLEDGEMENTS
@@ -142,6 +142,10 @@ class ShareWorker:
                 try:
                     batch = consumer.poll(s.poll_timeout_s)
                 except KafkaException as exc:
+                    err = exc.args[0] if exc.args else None
+                    if isinstance(err, KafkaError) and err.fatal():
+                        self.fault = KafkaRuntimeError(f"share consumer fatal error: {err}")
+                        break
                     log.warning("share consumer poll: %s", exc)
                     continue
                 started = time.monotonic()
@@ -161,7 +165,7 @@ class ShareWorker:
             return True
         log.warning("share consumer: %s", err)
         if err.fatal():
-            self.fault = DeliveryError(f"share consumer fatal error: {err}")
+            self.fault = KafkaRuntimeError(f"share consumer fatal error: {err}")
         return False
 
     @staticmethod

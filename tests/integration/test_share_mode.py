@@ -224,6 +224,27 @@ def test_the_last_delivery_is_dead_lettered_not_archived(bootstrap: str, tmp_pat
     assert left_in_group(d, "sentinel") == []
 
 
+def test_sigterm_finishes_the_call_in_hand_and_releases_the_rest(
+    bootstrap: str, tmp_path: Path
+) -> None:
+    d = share_deployment(bootstrap, tmp_path, max_in_flight=1)
+    d.send([{"id": "slow", "mode": "slow", "seconds": 3}, {"id": "waits"}])
+    log = tmp_path / "calls.jsonl"
+    worker = spawn(d, log)
+    try:
+        wait_for(lambda: calls(log, "slow"), 40, what="the slow call to start")
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(30) == 0
+    finally:
+        stop_process(worker)
+    text = output(worker, log)
+    assert calls(log, "waits") == [], text  # nothing starts after the signal
+    # the call in hand ended and was accepted; the record that had not started was released
+    # (by the worker, or by the broker when the worker left the group, if it was still in the
+    # client's next fetch), so the group hands it out again, without waiting for its lock
+    assert left_in_group(d, "sentinel") == [1], text
+
+
 def _exit(d: Deployment, tmp_path: Path, name: str, **env: str) -> tuple[int, str]:
     log = tmp_path / f"{name}.jsonl"
     proc = spawn(d, log, **env)
