@@ -241,7 +241,7 @@ def test_sigterm_finishes_the_call_in_hand_and_releases_the_rest(
     assert calls(log, "waits") == [], text  # nothing starts after the signal
     # the call in hand ended and was accepted; the record that had not started was released
     # (by the worker, or by the broker when the worker left the group, if it was still in the
-    # client's next fetch), so the group hands it out again, without waiting for its lock
+    # client's next fetch), so the group hands it out again
     assert left_in_group(d, "sentinel") == [1], text
 
 
