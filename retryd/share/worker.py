@@ -2,7 +2,7 @@
 
 A share consumer in explicit acknowledgement mode returns a batch of *acquired* records and
 refuses to poll again until every one of them is acknowledged. So the loop goes batch by
-batch (``max.poll.records`` = ``max_in_flight``, so a batch is about one round of calls):
+batch (a batch is a few rounds of ``max_in_flight`` calls: ``retryd.share.build``):
 
 1. ``poll`` a batch (blocking up to ``poll_timeout_s``: the broker's wait, never a sleep);
 2. start up to ``max_in_flight`` calls; as each ends (the loop waits on the calls' queue and
@@ -29,9 +29,13 @@ once more): it dead-letters the record to ``failed_topic`` with its payload, rea
 ``exhausted`` and error class ``delivery_count_limit``, then ACCEPTs it. It can be replayed
 like any other dead letter.
 
-**Locks.** A record's lock started when the broker handed it out. A record of a batch larger
-than ``max_in_flight`` that could not start in time to finish within its lock is RELEASEd
-(handed out again at once, to this worker or another) rather than run past its lock.
+**Locks.** A record's lock started when the broker handed it out. A record of the batch that
+could not start in time to finish within its lock (its call may take ``handler_timeout_s``) is
+RELEASEd, handed out again at once to this worker or another, rather than run past its lock
+(then the broker would hand it to another worker while it still runs). A release counts as a
+delivery: a worker that keeps taking more than it can run within a lock (whole producer
+batches of slow records) brings records to their last delivery, so each batch's releases are
+logged and counted (``retryd_share_acknowledgements_total{type="release"}``).
 
 On SIGTERM the batch in hand is finished (its calls are bounded by their timeout), records not
 started are RELEASEd, and the consumer is closed (which sends the acknowledgements).
@@ -185,6 +189,7 @@ class ShareWorker:
         self._open = len(records)
         calls, router = self.calls, self.router
         call_s, lock_s = calls.timeout_s, self.lock_s
+        late = 0
         while self._open and self.fault is None:
             now = time.monotonic()
             while waiting and calls.running < self.max_in_flight:
@@ -192,8 +197,11 @@ class ShareWorker:
                 count = rec.msg.delivery_count() or 1
                 if count >= self.limit and count > 1:
                     self._last_delivery(rec, count)
-                elif self._stop.is_set() or now + call_s + LOCK_MARGIN_S > rec.acquired + lock_s:
+                elif self._stop.is_set():
+                    self._ack(rec, AcknowledgeType.RELEASE)
+                elif now + call_s + LOCK_MARGIN_S > rec.acquired + lock_s:
                     self._ack(rec, AcknowledgeType.RELEASE)  # no time left in its lock
+                    late += 1
                 else:
                     calls.start(rec, rec.view)
             self._wait(ACK_WAIT_S if router.inflight else CALL_WAIT_S)
@@ -206,6 +214,17 @@ class ShareWorker:
                     f"(max_abandoned_handlers={self.settings.max_abandoned_handlers}); "
                     "exiting so the process is restarted"
                 )
+        if late:
+            log.warning(
+                "%d of %d records released unhandled: after waiting for a free call their "
+                "lock (%gs) could no longer hold one (%gs + %gs); raise max_in_flight or the "
+                "group's share.record.lock.duration.ms, or lower handler_timeout_s",
+                late,
+                len(records),
+                lock_s,
+                call_s,
+                LOCK_MARGIN_S,
+            )
         self.events.inflight(calls.running)
 
     def _wait(self, timeout_s: float) -> None:

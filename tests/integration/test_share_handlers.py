@@ -155,3 +155,39 @@ def test_sync_calls_are_bounded_and_a_hung_call_times_out(
     # exceeded three at a time
     entries = wait_for(lambda: len(json_lines(log)) == 10 and json_lines(log), 10)
     assert max(e["inflight"] for e in entries) == 3
+
+
+def test_a_record_whose_lock_cannot_hold_a_call_is_released_not_run_late(
+    bootstrap: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """One call at a time, a 10 s timeout, a 15 s lock: the records polled with a 4 s call
+    wait 4 s for it, after which their lock could no longer hold a 10 s call (+ 2 s). They
+    are released, come back at once (their next delivery has a fresh lock) and are handled."""
+    log = tmp_path / "calls.jsonl"
+    monkeypatch.setenv("RETRYD_TEST_LOG", str(log))
+    d = share_deployment(
+        bootstrap,
+        tmp_path,
+        handler="python:tests.integration.handlers:behave",
+        handler_timeout_s=10.0,
+        max_in_flight=1,
+    )
+    d.send([{"id": "slow", "mode": "slow", "seconds": 4}, {"id": "b"}, {"id": "c"}])
+    released = REGISTRY.get_sample_value(ACCEPTED, {"type": "release"}) or 0
+    run = Running(d)
+    try:
+        wait_for(
+            lambda: (
+                {c["id"] for c in json_lines(log)} == {"slow", "b", "c"} and run.worker.handled == 5
+            ),
+            60,
+            what="every record handled, two of them after a release",
+        )
+    finally:
+        run.stop()
+    assert sorted(c["id"] for c in json_lines(log)) == ["b", "c", "slow"]  # each called once
+    assert REGISTRY.get_sample_value(ACCEPTED, {"type": "release"}) == released + 2
+    assert "2 of 3 records released unhandled" in caplog.text
