@@ -28,6 +28,7 @@ from retryd.runtime.heartbeat import HeartbeatWriter
 from retryd.share.calls import Calls
 from retryd.share.group import check_lock, read_group_config, start_from_earliest
 from retryd.share.worker import ShareParts, ShareWorker
+from retryd.tracing import NO_TRACING, Tracing
 from retryd.worker.clients import worker_producer_config
 from retryd.worker.events import Events
 from retryd.worker.router import Router
@@ -62,9 +63,11 @@ def build_share_worker(
     events: Events,
     *,
     heartbeat: bool = True,
+    tracing: Tracing = NO_TRACING,
 ) -> ShareWorker:
     """The share worker for ``settings``; ``heartbeat=False`` when another part of the process
-    (role all's tiers worker) writes this process's heartbeat."""
+    (role all's tiers worker) writes this process's heartbeat. ``tracing`` is shut down by
+    whoever made it (``retryd.share.run``)."""
     if is_batch_handler(handler):
         raise ConfigError(["consumer_mode=share calls the handler with one record at a time"])
     plan = settings.plan
@@ -78,6 +81,9 @@ def build_share_worker(
         planner.terminal,
         quick,
     )
+    # each call a span (with quick retries, the whole in-place sequence), its routed copy
+    # stamped with the call's traceparent, as in group mode
+    handler = tracing.wrap(handler, settings.group_id)
     call_s = max(settings.handler_timeout_s, handler.timeout_s)
     admin = new_admin(admin_config(common_config(settings), "share-check"))
     group = read_group_config(admin, settings.share_group_id)
@@ -105,6 +111,7 @@ def build_share_worker(
             events=events,
             heartbeat=beat,
             quick=quick,
+            tracing=tracing,
         )
     )
 

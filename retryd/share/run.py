@@ -25,6 +25,7 @@ from retryd.hosting.process import (
     EXIT_SETUP,
     tune_gc,
 )
+from retryd.tracing import Tracing, tracing_from_env
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,13 @@ def _status(exc: BaseException | None) -> int:
     if isinstance(exc, RuntimeFault | RetrydError):
         return EXIT_RUNTIME
     return 1
+
+
+def _end_tracing(tracing: Tracing) -> None:
+    try:
+        tracing.shutdown()
+    except Exception as exc:  # traces must never change how a worker ends
+        log.warning("could not flush traces at shutdown: %s", exc)
 
 
 def run_share_worker(settings: Settings, role: Role, *, instance: int = 0) -> int:
@@ -60,10 +68,15 @@ def run_share_worker(settings: Settings, role: Role, *, instance: int = 0) -> in
         )
 
     tiers: Worker | None = None
+    # one provider for the process (the tiers worker's spans too); shut down (its spans
+    # flushed) by the tiers worker when it ends, else here
+    tracing = tracing_from_env(install_global=True)
     try:
         events = Events([PrometheusSink(settings.plan.tier_topics)])
         with_tiers = role is Role.ALL and bool(settings.plan.tier_topics)
-        share = build_share_worker(settings, handler(), events, heartbeat=not with_tiers)
+        share = build_share_worker(
+            settings, handler(), events, heartbeat=not with_tiers, tracing=tracing
+        )
         if with_tiers:
             tiers = build_worker(
                 settings,
@@ -71,6 +84,7 @@ def run_share_worker(settings: Settings, role: Role, *, instance: int = 0) -> in
                 role=Role.TIERS,
                 sinks=[PrometheusSink(settings.plan.tier_topics)],
                 instance=instance,
+                tracing=tracing,
             )
     except RetrydError as exc:
         log.error("cannot start worker: %s", exc)
@@ -114,4 +128,6 @@ def run_share_worker(settings: Settings, role: Role, *, instance: int = 0) -> in
         if tiers is not None and thread is not None:
             tiers.stop()
             thread.join()
+        else:
+            _end_tracing(tracing)
     return _status(failures[0] if failures else None)

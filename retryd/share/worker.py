@@ -64,6 +64,7 @@ from retryd.policy.routing import Route, RoutePlanner
 from retryd.runtime.heartbeat import HeartbeatWriter
 from retryd.share.calls import Calls, Finished
 from retryd.share.group import LOCK_MARGIN_S, ShareGroupConfig
+from retryd.tracing import NO_TRACING, Tracing
 from retryd.worker.events import BatchStats, Events
 from retryd.worker.router import Router
 from retryd.worker.settle import TOO_LARGE_CODES, TRANSIENT_CODES
@@ -98,6 +99,7 @@ class ShareParts:
     events: Events
     heartbeat: HeartbeatWriter | None  # None: another part of the process writes it
     quick: QuickCounts  # quick retries in place (quick=<n>@<delay>), counted by the handler
+    tracing: Tracing = NO_TRACING  # stamps a routed copy with its call's traceparent
 
 
 class ShareWorker:
@@ -302,6 +304,8 @@ class ShareWorker:
         self._route(rec, route)
 
     def _route(self, rec: Acquired, route: Route) -> None:
+        if rec.route is None:
+            self.parts.tracing.stamp(rec.view, route)
         rec.route = route
         self.router.send(route, rec.msg.key(), rec.msg.value(), rec.view.partition, rec)
 

@@ -314,3 +314,24 @@ def test_role_main_leaves_the_tiers_to_a_tiers_worker(bootstrap: str, tmp_path: 
     finally:
         assert stop_process(main) == 0
         assert stop_process(tiers) == 0
+
+
+def test_traces_go_from_the_share_call_to_its_tier_copy(bootstrap: str, tmp_path: Path) -> None:
+    """With tracing on (OTEL_* variables), a main-topic call is a span of the producer's trace
+    and its tier copy carries that call's traceparent, so the tier call joins the same trace."""
+    producer_span = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    d = share_deployment(bootstrap, tmp_path, sequence="1s")
+    d.send([{"id": "traced", "mode": "fail_k", "k": 1}], headers=[("traceparent", producer_span)])
+    log = tmp_path / "calls.jsonl"
+    worker = spawn(d, log, OTEL_TRACES_EXPORTER="console", OTEL_SERVICE_NAME="share-test")
+    try:
+        wait_for(lambda: len(calls(log, "traced")) == 2, 60, what="the call and its retry")
+    finally:
+        assert stop_process(worker) == 0
+    (copy,) = read_topic(bootstrap, d.tier("1s"), expect=1)
+    parent = (copy.header("traceparent") or b"").decode()
+    _, trace_id, span_id, _ = parent.split("-")
+    assert trace_id == "0af7651916cd43dd8448eb211c80319c"  # the producer's trace
+    assert span_id != "b7ad6b7169203331"  # the share call's own span
+    text = output(worker, log)
+    assert text.count('"trace_id": "0x0af7651916cd43dd8448eb211c80319c"') >= 2, text[-3000:]
