@@ -148,6 +148,8 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=1500)
     parser.add_argument("--procs", default="1,4")
     parser.add_argument("--batches", default="1,1000", help="records per producer batch")
+    parser.add_argument("--modes", default="group,share")
+    parser.add_argument("--out", default=RESULTS.name, help="file name in bench/results")
     args = parser.parse_args()
     bootstrap = os.environ.get("RETRYD_TEST_BOOTSTRAP")
     if not bootstrap:
@@ -156,7 +158,7 @@ def main() -> None:
     tmp.mkdir(parents=True)
     rows = []
     for batch in (int(b) for b in args.batches.split(",")):
-        for mode in ("group", "share"):
+        for mode in args.modes.split(","):
             for procs in (int(p) for p in args.procs.split(",")):
                 row = scenario(bootstrap, mode, procs, args.records, batch, tmp)
                 print(json.dumps(row), flush=True)
@@ -166,7 +168,7 @@ def main() -> None:
             b for b in rows if (b["mode"], b["producer_batch"]) == (r["mode"], r["producer_batch"])
         )
         r["vs_one_process"] = round(r["records_per_s"] / base["records_per_s"], 2)
-    RESULTS.write_text(
+    (RESULTS.parent / args.out).write_text(
         json.dumps(
             {
                 "what": "1 partition, 20 ms sync handler, max_in_flight=1 per process",
