@@ -48,6 +48,7 @@ class Calls:
         self.timeout_s = timeout_s
         self.done: queue.SimpleQueue[Finished] = queue.SimpleQueue()
         self.hung = 0  # abandoned sync calls still running
+        self.abandoned = 0  # calls abandoned at their timeout, ever
         self._lock = threading.Lock()
         self._running: dict[int, tuple[Any, float, float]] = {}  # id -> (token, start, deadline)
         self._async = is_async_handler(handler)
@@ -119,6 +120,7 @@ class Calls:
                 if now >= deadline:
                     del self._running[key]
                     self.hung += 1
+                    self.abandoned += 1
                     out.append(Finished(token, timeout_result(self.timeout_s), now - started))
         if out:
             log.warning(

@@ -71,8 +71,19 @@ def run_share_worker(settings: Settings, role: Role, *, instance: int = 0) -> in
     # one provider for the process (the tiers worker's spans too); shut down (its spans
     # flushed) by the tiers worker when it ends, else here
     tracing = tracing_from_env(install_global=True)
+    inflight = [0, 0]  # share worker, tiers worker: one process, one gauge of their sum
+
+    class PartSink(PrometheusSink):
+        def __init__(self, index: int) -> None:
+            super().__init__(settings.plan.tier_topics)
+            self.index = index
+
+        def inflight(self, calls: int) -> None:
+            inflight[self.index] = calls
+            super().inflight(sum(inflight))
+
     try:
-        events = Events([PrometheusSink(settings.plan.tier_topics)])
+        events = Events([PartSink(0)])
         with_tiers = role is Role.ALL and bool(settings.plan.tier_topics)
         share = build_share_worker(
             settings, handler(), events, heartbeat=not with_tiers, tracing=tracing
@@ -82,7 +93,7 @@ def run_share_worker(settings: Settings, role: Role, *, instance: int = 0) -> in
                 settings,
                 handler(),
                 role=Role.TIERS,
-                sinks=[PrometheusSink(settings.plan.tier_topics)],
+                sinks=[PartSink(1)],
                 instance=instance,
                 tracing=tracing,
             )

@@ -74,6 +74,7 @@ log = logging.getLogger(__name__)
 ACK_WAIT_S = 0.002  # wait for a call while copies' acknowledgements are awaited
 CALL_WAIT_S = 0.05  # wait for a call otherwise (a call's end wakes it at once)
 LIMIT_CLASS = "delivery_count_limit"
+GAUGE_S = 0.2  # retryd_handler_inflight is published at most this often
 
 
 @dataclass(slots=True, eq=False)
@@ -121,6 +122,8 @@ class ShareWorker:
         self._stop = threading.Event()
         self._open = 0  # records of the batch in hand not yet acknowledged
         self.acks = {"accept": 0, "release": 0}  # since the last publish
+        self._inflight_seen = -1
+        self._gauge_at = 0.0
         self.handled = 0  # records acknowledged (tests and the run summary)
 
     def stop(self) -> None:
@@ -206,6 +209,7 @@ class ShareWorker:
                     late += 1
                 else:
                     calls.start(rec, rec.view)
+            self._gauge(now)
             self._wait(ACK_WAIT_S if router.inflight else CALL_WAIT_S)
             for finished in calls.expire(time.monotonic()):
                 self._finished(finished)
@@ -227,7 +231,20 @@ class ShareWorker:
                 call_s,
                 LOCK_MARGIN_S,
             )
-        self.events.inflight(calls.running)
+        self._gauge(None)
+        self.events.abandoned(calls.abandoned)
+
+    def _gauge(self, now: float | None) -> None:
+        """Calls in flight, published when it changed, at most every ``GAUGE_S`` (``None``:
+        now, at a batch's end)."""
+        running = self.calls.running
+        if running == self._inflight_seen:
+            return
+        if now is not None and now - self._gauge_at < GAUGE_S:
+            return
+        self._inflight_seen = running
+        self._gauge_at = time.monotonic()
+        self.events.inflight(running)
 
     def _wait(self, timeout_s: float) -> None:
         """Until a call ends (or ``timeout_s``), then everything that ended meanwhile."""
