@@ -335,3 +335,39 @@ def test_traces_go_from_the_share_call_to_its_tier_copy(bootstrap: str, tmp_path
     assert span_id != "b7ad6b7169203331"  # the share call's own span
     text = output(worker, log)
     assert text.count('"trace_id": "0x0af7651916cd43dd8448eb211c80319c"') >= 2, text[-3000:]
+
+
+def test_the_sidecar_names_the_mode_and_counts_acknowledgements(
+    bootstrap: str, tmp_path: Path
+) -> None:
+    from tests.integration.sidecar_support import SidecarProcess
+    from tests.integration.test_sidecar_metrics import scrape, sidecar_env, value
+
+    d = share_deployment(bootstrap, tmp_path, sequence="1s")
+    d.send([{"id": f"ok{i}"} for i in range(5)] + [{"id": "again", "mode": "fail_k", "k": 1}])
+    log = tmp_path / "calls.jsonl"
+    worker = spawn(d, log, RETRYD_PROCESSES="2")
+    env = sidecar_env(d, d.settings.state_dir, "1s")
+    env.extra.update(RETRYD_CONSUMER_MODE="share", RETRYD_ORDERING="none")
+    sidecar = SidecarProcess(env, tmp_path / "sidecar.log")
+    try:
+        wait_for(lambda: len(calls(log, "again")) == 2, 60, what="the retry from its tier")
+        with sidecar:
+
+            def counted() -> dict:
+                m = scrape(sidecar.url)
+                accepted = value(m, "retryd_share_acknowledgements_total", type="accept")
+                return m if accepted == 6 else {}
+
+            m = wait_for(counted, 30, what="6 acknowledgements in /metrics")
+            assert value(m, "retryd_consumer_mode", mode="share") == 1
+            assert value(m, "retryd_consumer_mode", mode="group") == 0
+            assert value(m, "retryd_share_acknowledgements_total", type="release") == 0
+            assert value(m, "retryd_messages_total", topic=d.main, outcome="success") == 5
+            assert value(m, "retryd_messages_total", topic=d.main, outcome="retried") == 1
+            assert value(m, "retryd_messages_total", topic=d.tier("1s"), outcome="success") == 1
+            # lag: the tiers' consumer group only (a share group has no committed offsets)
+            lagged = {dict(k[1])["topic"] for k in m if k[0] == "retryd_consumer_lag"}
+            assert d.main not in lagged, lagged
+    finally:
+        assert stop_process(worker) == 0
