@@ -210,6 +210,7 @@ class ShareWorker:
                 else:
                     calls.start(rec, rec.view)
             self._gauge(now)
+            self._beat("running")  # (rate-limited by the writer) a long batch stays alive
             self._wait(ACK_WAIT_S if router.inflight else CALL_WAIT_S)
             for finished in calls.expire(time.monotonic()):
                 self._finished(finished)
