@@ -67,3 +67,18 @@ def _dump() -> None:
 
 
 atexit.register(_dump)
+
+
+_CALLS_FILE = os.environ.get("BENCH_CALLS_FILE")
+
+
+def sleep20_logged(message: Any) -> None:
+    """A 20 ms call (a slow service) whose end time is appended to ``BENCH_CALLS_FILE`` in one
+    write (``bench_share``: calls per second across processes)."""
+    time.sleep(0.02)
+    if _CALLS_FILE:
+        fd = os.open(_CALLS_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, b"%.6f\n" % time.time())
+        finally:
+            os.close(fd)

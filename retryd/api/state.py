@@ -17,7 +17,7 @@ import threading
 from confluent_kafka.admin import AdminClient
 
 from retryd.api.readiness import ReadinessReport, alive_workers, probe
-from retryd.config import Settings
+from retryd.config import ConsumerMode, Settings
 from retryd.kafka.clients import admin_config, new_admin
 from retryd.metrics.exposition import SidecarCollector
 from retryd.metrics.lag import LagMonitor
@@ -97,10 +97,15 @@ class Sidecar:
         self.ledger_tail = LedgerTail(
             self.common, settings.ledger_topic, settings.failed_topic, dlt_topics=dlt_topics
         )
+        # share mode: the main topics are read by a share group, whose progress is not a
+        # consumer group's committed offsets (kafka-share-groups.sh --describe shows it)
+        measured = settings.plan.tier_topics
+        if settings.consumer_mode is not ConsumerMode.SHARE:
+            measured = [*settings.main_topics, *measured]
         self.lag = LagMonitor(
             self.common,
             settings.group_id,
-            [*settings.main_topics, *settings.plan.tier_topics],
+            measured,
             interval_s=lag_interval_s or settings.metrics_interval_s,
             backlog_topics=[settings.failed_topic, *dlt_topics],
             also=[self.ledger_tail.tail_once],

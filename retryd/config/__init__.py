@@ -1,6 +1,7 @@
 """Configuration lives at the edge: one frozen Settings object, read once by the CLI."""
 
 from retryd.config.settings import (
+    ConsumerMode,
     GroupProtocol,
     Ordering,
     Role,
@@ -11,6 +12,7 @@ from retryd.config.settings import (
 )
 
 __all__ = [
+    "ConsumerMode",
     "GroupProtocol",
     "Ordering",
     "Role",

@@ -64,6 +64,16 @@ class TierConsumer(enum.StrEnum):
     SHARED = "shared"
 
 
+class ConsumerMode(enum.StrEnum):
+    """How the main topics are read. ``group``: a consumer group, one member per partition,
+    key order kept (``ordering``). ``share``: a share group (KIP-932, Kafka >= 4.2), any
+    number of members per partition, each record acknowledged on its own, no order
+    (retryd.share). The tiers are read by a consumer group in both modes."""
+
+    GROUP = "group"
+    SHARE = "share"
+
+
 class LogLevel(enum.StrEnum):
     """The least severe log records written."""
 
@@ -188,6 +198,8 @@ class Settings(BaseSettings):
     non_retryable: Annotated[list[str], NoDecode] = Field(default_factory=list)
     # Worker
     role: Role = Role.ALL
+    # "group" (a consumer group) or "share" (a share group reads the main topics: retryd.share)
+    consumer_mode: ConsumerMode = ConsumerMode.GROUP
     processes: int = Field(default=1, ge=1, le=256)
     batch_size: int = Field(default=500, ge=1, le=100_000)
     max_in_flight: int = Field(default=16, ge=1, le=4096)
@@ -420,6 +432,7 @@ class Settings(BaseSettings):
                 what = "a main topic" if topic in self.main_topics else "the ledger_topic"
                 problems.append(f"error_routes: dlt:{topic} is {what}")
         problems.extend(self._key_order_problems())
+        problems.extend(self._share_problems())
         problems.extend(self._foreign_problems())
         isr, rf = self.min_insync_replicas, self.replication_factor
         if isr is not None and rf > 0 and isr > rf:
@@ -460,6 +473,44 @@ class Settings(BaseSettings):
             if self.exactly_once:
                 problems.append("key_order=strict does not work with exactly_once yet")
         return problems
+
+    def _share_problems(self) -> list[str]:
+        """consumer_mode = share: what a share group cannot give, refused with the reason.
+        ``ordering`` must say ``none`` explicitly rather than be implied, so the settings a
+        worker logs say what it does (a share group hands one partition's records to many
+        members at once: neither key nor partition order exists)."""
+        if self.consumer_mode is not ConsumerMode.SHARE:
+            return []
+        problems = []
+        if self.ordering is not Ordering.NONE:
+            problems.append(
+                f"consumer_mode=share needs ordering=none (ordering={self.ordering.value}): a "
+                "share group hands the records of one partition to many consumers at once, so "
+                "no key or partition order is kept"
+            )
+        if self.key_order is KeyOrder.STRICT:
+            problems.append(
+                "consumer_mode=share does not work with key_order=strict: a share group keeps "
+                "no key order to hold records back in"
+            )
+        if self.exactly_once:
+            problems.append(
+                "consumer_mode=share does not work with exactly_once: a share group's "
+                "acknowledgements cannot be part of a Kafka transaction"
+            )
+        if self.handler_batch:
+            problems.append(
+                f"consumer_mode=share does not work with handler_batch={self.handler_batch} "
+                "yet: one record per handler call"
+            )
+        return problems
+
+    @property
+    def share_group_id(self) -> str:
+        """The share group reading the main topics (consumer_mode = share). Kafka keeps one
+        namespace for every kind of group, and the tiers stay on the consumer group
+        ``group_id``: the share group is ``<group_id>.share``."""
+        return f"{self.group_id}.share"
 
     def _foreign_problems(self) -> list[str]:
         """A foreign dead-letter topic is read and replayed from: never one of retryd's own."""

@@ -42,8 +42,17 @@ def run_worker(
 ) -> int:
     """Run until SIGTERM/SIGINT (or drained); return the process exit status. ``instance`` is
     the process slot under a supervisor (kept across restarts: the transactional id's end)."""
+    from retryd.config import ConsumerMode
+
+    if settings.consumer_mode is ConsumerMode.SHARE and role is not Role.TIERS:
+        if until_drained:
+            log.error("--until-drained: a share group has no end to drain to (consumer_mode=share)")
+            return EXIT_CONFIG
+        from retryd.share.run import run_share_worker
+
+        return run_share_worker(settings, role, instance=instance)
     from retryd.handlers.loader import load_handler
-    from retryd.metrics.registry import mark_build_info
+    from retryd.metrics.registry import mark_build_info, mark_consumer_mode
     from retryd.metrics.sink import PrometheusSink
     from retryd.worker.assembly import build_worker
 
@@ -79,6 +88,7 @@ def run_worker(
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     mark_build_info()
+    mark_consumer_mode(settings.consumer_mode.value)
     tune_gc()
     try:
         summary = worker.run(until_drained=until_drained)

@@ -98,7 +98,28 @@ KEY_ORDER_OLDEST = Gauge(
     multiprocess_mode="livemax",
 )
 BUILD_INFO = Gauge("retryd_build_info", "retryd version", ["version"], multiprocess_mode="livemax")
+# consumer_mode of the live worker processes: 1 on the series of each mode one of them runs
+CONSUMER_MODE = Gauge(
+    "retryd_consumer_mode",
+    "How the worker processes read the main topics: 1 for each mode in use (group | share)",
+    ["mode"],
+    multiprocess_mode="livemax",
+)
+SHARE_ACKNOWLEDGEMENTS = Counter(
+    "retryd_share_acknowledgements",
+    "Share mode: records acknowledged to the share group, by type (accept | release)",
+    ["type"],
+)
 
 
 def mark_build_info() -> None:
     BUILD_INFO.labels(version=__version__).set(1)
+
+
+def mark_consumer_mode(mode: str) -> None:
+    """This process's ``consumer_mode``: its series 1, the other mode's 0."""
+    for each in ("group", "share"):
+        CONSUMER_MODE.labels(mode=each).set(1 if each == mode else 0)
+    if mode == "share":
+        for kind in ("accept", "release"):
+            SHARE_ACKNOWLEDGEMENTS.labels(type=kind).inc(0)

@@ -66,6 +66,8 @@ ADDED_METRICS = {
     "retryd_key_order_blocked_keys": "gauge",
     "retryd_key_order_chain_entries": "gauge",
     "retryd_key_order_oldest_blocked_seconds": "gauge",
+    "retryd_consumer_mode": "gauge",
+    "retryd_share_acknowledgements_total": "counter",
 }
 ALL_METRICS = {**SPEC_METRICS, **SIDECAR_METRICS, **ADDED_METRICS}
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")

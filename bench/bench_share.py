@@ -1,0 +1,190 @@
+"""Parallelism past partitions: one main-topic partition, a 20 ms handler, one call at a time
+per process (``max_in_flight = 1``), ``retryd worker --processes N`` through the CLI.
+
+    RETRYD_TEST_BOOTSTRAP=host:port python bench/bench_share.py [--records 1500] [--procs 1,4]
+
+A consumer group hands the partition to one member, so more processes change nothing; a share
+group (``consumer_mode = share``) hands its records to every member. Each call appends its
+end time to a file (one ``os.write``); the rate is taken over the calls between the 10th and
+the 90th percentile of those times, so the joins at the start and the last stragglers do not
+count. Twice: records produced one per producer batch, and in batches of up to 1000 (a burst
+from a batching producer): a share consumer acquires whole producer batches, so batches are
+what is spread over the workers. Writes ``bench/results/share-parallelism.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from confluent_kafka import Producer  # noqa: E402
+from confluent_kafka.admin import (  # noqa: E402
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewTopic,
+    ResourceType,
+)
+
+HANDLER = "python:bench.handlers:sleep20_logged"
+RESULTS = ROOT / "bench" / "results" / "share-parallelism.json"
+
+
+def _topics(admin: AdminClient, group: str) -> str:
+    main = f"{group}.main"
+    names = {main: 1, f"{group}.retry_1s": 1, f"{group}.failed": 1}
+    for future in admin.create_topics([NewTopic(n, p, 1) for n, p in names.items()]).values():
+        future.result(30)
+    return main
+
+
+def _share_group(admin: AdminClient, group: str) -> None:
+    resource = ConfigResource(
+        ResourceType.GROUP,
+        f"{group}.share",
+        incremental_configs=[
+            ConfigEntry(
+                "share.auto.offset.reset", "earliest", incremental_operation=AlterConfigOpType.SET
+            )
+        ],
+    )
+    for future in admin.incremental_alter_configs([resource]).values():
+        future.result(30)
+
+
+def _produce(bootstrap: str, topic: str, n: int, batch: int) -> None:
+    """``n`` records in producer batches of up to ``batch`` records (a share consumer acquires
+    whole batches: what one worker takes at once)."""
+    producer = Producer(
+        {"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.num.messages": batch}
+    )
+    for i in range(n):
+        producer.produce(topic, b"x" * 100, str(i).encode(), partition=0)
+        if i % 1000 == 0:
+            producer.poll(0)
+    producer.flush(60)
+
+
+def _ends(path: Path) -> list[float]:
+    if not path.exists():
+        return []
+    return sorted(float(x) for x in path.read_text().split())
+
+
+def scenario(
+    bootstrap: str, mode: str, procs: int, records: int, batch: int, tmp: Path
+) -> dict[str, Any]:
+    group = f"bshare-{mode}-{procs}-{uuid.uuid4().hex[:6]}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    main = _topics(admin, group)
+    if mode == "share":
+        _share_group(admin, group)
+    _produce(bootstrap, main, records, batch)
+    calls = tmp / f"{group}.calls"
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "BENCH_CALLS_FILE": str(calls),
+        "RETRYD_BOOTSTRAP_SERVERS": bootstrap,
+        "RETRYD_MAIN_TOPICS": main,
+        "RETRYD_GROUP_ID": group,
+        "RETRYD_TIER_TEMPLATE": "{group}.retry_{delay}",
+        "RETRYD_FAILED_TOPIC": f"{group}.failed",
+        "RETRYD_RETRY_SEQUENCE": "1s",
+        "RETRYD_HANDLER": HANDLER,
+        "RETRYD_HANDLER_TIMEOUT_S": "5",
+        "RETRYD_MAX_IN_FLIGHT": "1",
+        "RETRYD_ORDERING": "none",
+        "RETRYD_CONSUMER_MODE": mode,
+        "RETRYD_PROCESSES": str(procs),
+        "RETRYD_STATE_DIR": str(tmp / group),
+        "RETRYD_CIRCUIT_BREAKER": "false",
+        "RETRYD_LOG_LEVEL": "WARNING",
+    }
+    log = open(tmp / f"{group}.log", "wb")  # noqa: SIM115
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "retryd", "worker"], env=env, stdout=log, stderr=subprocess.STDOUT
+    )
+    started = time.monotonic()
+    try:
+        while len(_ends(calls)) < records:
+            if proc.poll() is not None:
+                raise SystemExit(f"{mode} x{procs}: the worker exited {proc.returncode}")
+            if time.monotonic() - started > 600:
+                raise SystemExit(f"{mode} x{procs}: not done after 600 s")
+            time.sleep(0.5)  # a benchmark's progress check, not a worker's synchronisation
+    finally:
+        proc.terminate()
+        proc.wait(60)
+        log.close()
+    ends = _ends(calls)
+    lo, hi = ends[len(ends) // 10], ends[len(ends) * 9 // 10]
+    middle = [t for t in ends if lo <= t <= hi]
+    rate = (len(middle) - 1) / (hi - lo) if hi > lo else float("nan")
+    return {
+        "mode": mode,
+        "processes": procs,
+        "records": records,
+        "producer_batch": batch,
+        "calls": len(ends),
+        "records_per_s": round(rate, 1),
+        "whole_run_s": round(ends[-1] - ends[0], 2),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--records", type=int, default=1500)
+    parser.add_argument("--procs", default="1,4")
+    parser.add_argument("--batches", default="1,1000", help="records per producer batch")
+    parser.add_argument("--modes", default="group,share")
+    parser.add_argument("--out", default=RESULTS.name, help="file name in bench/results")
+    args = parser.parse_args()
+    bootstrap = os.environ.get("RETRYD_TEST_BOOTSTRAP")
+    if not bootstrap:
+        raise SystemExit("set RETRYD_TEST_BOOTSTRAP to a Kafka >= 4.2 cluster")
+    tmp = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-share-{uuid.uuid4().hex[:6]}"
+    tmp.mkdir(parents=True)
+    rows = []
+    for batch in (int(b) for b in args.batches.split(",")):
+        for mode in args.modes.split(","):
+            for procs in (int(p) for p in args.procs.split(",")):
+                row = scenario(bootstrap, mode, procs, args.records, batch, tmp)
+                print(json.dumps(row), flush=True)
+                rows.append(row)
+    for r in rows:
+        base = next(
+            b for b in rows if (b["mode"], b["producer_batch"]) == (r["mode"], r["producer_batch"])
+        )
+        r["vs_one_process"] = round(r["records_per_s"] / base["records_per_s"], 2)
+    (RESULTS.parent / args.out).write_text(
+        json.dumps(
+            {
+                "what": "1 partition, 20 ms sync handler, max_in_flight=1 per process",
+                "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "rows": rows,
+            },
+            indent=1,
+        )
+        + "\n"
+    )
+    for r in rows:
+        print(
+            f"batches of {r['producer_batch']:5}: {r['mode']:5} x{r['processes']}: "
+            f"{r['records_per_s']:7.1f} records/s ({r['vs_one_process']}x one process)"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,420 @@
+"""The share-group worker: the main topics read by a share group, each record on its own.
+
+A share consumer in explicit acknowledgement mode returns a batch of *acquired* records and
+refuses to poll again until every one of them is acknowledged. So the loop goes batch by
+batch (a batch is a few rounds of ``max_in_flight`` calls: ``retryd.share.build``):
+
+1. ``poll`` a batch (blocking up to ``poll_timeout_s``: the broker's wait, never a sleep);
+2. start up to ``max_in_flight`` calls; as each ends (the loop waits on the calls' queue and
+   the producer's acknowledgements, whichever comes first):
+
+   - success (or DROP) -> ACCEPT;
+   - retryable failure -> the copy goes to its tier (``RoutePlanner``, ``Router``: acks=all,
+     ``retry_number`` and ``retry_timestamp`` headers), ACCEPT once the broker acknowledged
+     the copy; the tier workers (a consumer group, as in group mode) run it when it is due;
+   - non-retryable -> ``failed_topic`` (or its error route's topic) with the payload and the
+     reason, ACCEPT once acknowledged;
+
+3. send the acknowledgements (``commit_async``) and poll the next batch.
+
+A crash anywhere before an ACCEPT leaves the record acquired; the broker hands it out again
+once its lock expires, or as soon as it sees the worker's connection close (at-least-once:
+nothing is lost, a call may repeat).
+
+**The last delivery.** A record handed out ``share.delivery.count.limit`` times (the earlier
+deliveries crashed their worker or outlived their lock) would be archived by the broker if
+this delivery failed too: silently, or headers-only into a KIP-1191 dead-letter queue. retryd
+does not call the handler again (a record that took its worker down every time would do it
+once more): it dead-letters the record to ``failed_topic`` with its payload, reason
+``exhausted`` and error class ``delivery_count_limit``, then ACCEPTs it. It can be replayed
+like any other dead letter.
+
+**Locks.** A record's lock started when the broker handed it out. A record of the batch that
+could not start in time to finish within its lock (its call may take ``handler_timeout_s``) is
+RELEASEd, handed out again at once to this worker or another, rather than run past its lock
+(then the broker would hand it to another worker while it still runs). A release counts as a
+delivery: a worker that keeps taking more than it can run within a lock (whole producer
+batches of slow records) brings records to their last delivery, so each batch's releases are
+logged and counted (``retryd_share_acknowledgements_total{type="release"}``).
+
+On SIGTERM the batch in hand is finished (its calls are bounded by their timeout), records not
+started are RELEASEd, and the consumer is closed (which sends the acknowledgements).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import AcknowledgeType, KafkaError, KafkaException
+
+from retryd.errors import DeliveryError, HungHandlersError, KafkaRuntimeError, RetrydError
+from retryd.handlers.base import Message
+from retryd.handlers.quick import QuickCounts
+from retryd.metrics.registry import SHARE_ACKNOWLEDGEMENTS
+from retryd.policy.classify import HandlerResult, Outcome
+from retryd.policy.headers import DEAD_EXHAUSTED, DEAD_NON_RETRYABLE, DEAD_REASON
+from retryd.policy.oversize import DEAD_TOO_LARGE, route_too_large
+from retryd.policy.routing import Route, RoutePlanner
+from retryd.runtime.heartbeat import HeartbeatWriter
+from retryd.share.calls import Calls, Finished
+from retryd.share.group import LOCK_MARGIN_S, ShareGroupConfig
+from retryd.tracing import NO_TRACING, Tracing
+from retryd.worker.events import BatchStats, Events
+from retryd.worker.router import Router
+from retryd.worker.settle import TOO_LARGE_CODES, TRANSIENT_CODES
+
+log = logging.getLogger(__name__)
+
+ACK_WAIT_S = 0.002  # wait for a call while copies' acknowledgements are awaited
+CALL_WAIT_S = 0.05  # wait for a call otherwise (a call's end wakes it at once)
+LIMIT_CLASS = "delivery_count_limit"
+GAUGE_S = 0.2  # retryd_handler_inflight is published at most this often
+
+
+@dataclass(slots=True, eq=False)
+class Acquired:
+    """One record of the batch in hand."""
+
+    msg: Any  # the client's message
+    view: Message
+    acquired: float  # monotonic: when the poll returned it (its lock started a bit earlier)
+    result: HandlerResult | None = None
+    route: Route | None = None
+    done: bool = field(default=False)
+
+
+@dataclass(frozen=True, slots=True)
+class ShareParts:
+    settings: Any
+    consumer: Any  # confluent_kafka.ShareConsumer
+    router: Router
+    planner: RoutePlanner
+    calls: Calls
+    group: ShareGroupConfig
+    events: Events
+    heartbeat: HeartbeatWriter | None  # None: another part of the process writes it
+    quick: QuickCounts  # quick retries in place (quick=<n>@<delay>), counted by the handler
+    tracing: Tracing = NO_TRACING  # stamps a routed copy with its call's traceparent
+
+
+class ShareWorker:
+    def __init__(self, parts: ShareParts) -> None:
+        self.parts = parts
+        s = parts.settings
+        self.settings = s
+        self.consumer = parts.consumer
+        self.router = parts.router
+        self.planner = parts.planner
+        self.calls = parts.calls
+        self.events = parts.events
+        self.topics = list(s.main_topics)
+        self.max_in_flight = s.max_in_flight
+        self.lock_s = parts.group.lock_ms / 1000
+        self.limit = parts.group.delivery_limit
+        self.stats = BatchStats()
+        self.fault: RetrydError | None = None
+        self._stop = threading.Event()
+        self._open = 0  # records of the batch in hand not yet acknowledged
+        self.acks = {"accept": 0, "release": 0}  # since the last publish
+        self._inflight_seen = -1
+        self._gauge_at = 0.0
+        self.handled = 0  # records acknowledged (tests and the run summary)
+
+    def stop(self) -> None:
+        """Finish the batch in hand, then close. Signal-safe."""
+        self._stop.set()
+
+    # ------------------------------------------------------------------ the loop
+    def run(self) -> None:
+        consumer, s = self.consumer, self.settings
+        consumer.set_acknowledgement_commit_callback(self._committed)
+        consumer.subscribe(self.topics)
+        log.info(
+            "share worker: share group %s reads %s; max_in_flight=%d, lock %gs, delivery "
+            "limit %d; failures go to the tiers of group %s",
+            self.parts.group.group,
+            ", ".join(self.topics),
+            self.max_in_flight,
+            self.lock_s,
+            self.limit,
+            s.group_id,
+        )
+        try:
+            while not self._stop.is_set() and self.fault is None:
+                self._beat("running")
+                try:
+                    batch = consumer.poll(s.poll_timeout_s)
+                except KafkaException as exc:
+                    err = exc.args[0] if exc.args else None
+                    if isinstance(err, KafkaError) and err.fatal():
+                        self.fault = KafkaRuntimeError(f"share consumer fatal error: {err}")
+                        break
+                    log.warning("share consumer poll: %s", exc)
+                    continue
+                started = time.monotonic()
+                records = [self._acquired(m, started) for m in batch if self._readable(m)]
+                if records:
+                    self._batch(records)
+                    consumer.commit_async()
+                    self._publish(started)
+        finally:
+            self._close()
+        if self.fault is not None:
+            raise self.fault
+
+    def _readable(self, msg: Any) -> bool:
+        err = msg.error()
+        if err is None:
+            return True
+        log.warning("share consumer: %s", err)
+        if err.fatal():
+            self.fault = KafkaRuntimeError(f"share consumer fatal error: {err}")
+        return False
+
+    @staticmethod
+    def _acquired(msg: Any, now: float) -> Acquired:
+        view = Message.__new__(Message)
+        view._raw = msg
+        view._env = None
+        view._hdrs = None
+        view.topic = msg.topic()
+        view.partition = msg.partition()
+        view.offset = msg.offset()
+        return Acquired(msg, view, now)
+
+    def _batch(self, records: list[Acquired]) -> None:
+        """Every record of the batch acknowledged (or the worker stopping on a fault)."""
+        waiting = deque(records)
+        self._open = len(records)
+        calls, router = self.calls, self.router
+        call_s, lock_s = calls.timeout_s, self.lock_s
+        late = 0
+        while self._open and self.fault is None:
+            now = time.monotonic()
+            while waiting and calls.running < self.max_in_flight:
+                rec = waiting.popleft()
+                count = rec.msg.delivery_count() or 1
+                if count >= self.limit and count > 1:
+                    self._last_delivery(rec, count)
+                elif self._stop.is_set():
+                    self._ack(rec, AcknowledgeType.RELEASE)
+                elif now + call_s + LOCK_MARGIN_S > rec.acquired + lock_s:
+                    self._ack(rec, AcknowledgeType.RELEASE)  # no time left in its lock
+                    late += 1
+                else:
+                    calls.start(rec, rec.view)
+            self._gauge(now)
+            self._beat("running")  # (rate-limited by the writer) a long batch stays alive
+            self._wait(ACK_WAIT_S if router.inflight else CALL_WAIT_S)
+            for finished in calls.expire(time.monotonic()):
+                self._finished(finished)
+            self._settle_reports()
+            if calls.hung > self.settings.max_abandoned_handlers:
+                self.fault = HungHandlersError(
+                    f"{calls.hung} handler calls are hung past their timeout "
+                    f"(max_abandoned_handlers={self.settings.max_abandoned_handlers}); "
+                    "exiting so the process is restarted"
+                )
+        if late:
+            log.warning(
+                "%d of %d records released unhandled: after waiting for a free call their "
+                "lock (%gs) could no longer hold one (%gs + %gs); raise max_in_flight or the "
+                "group's share.record.lock.duration.ms, or lower handler_timeout_s",
+                late,
+                len(records),
+                lock_s,
+                call_s,
+                LOCK_MARGIN_S,
+            )
+        self._gauge(None)
+        self.events.abandoned(calls.abandoned)
+
+    def _gauge(self, now: float | None) -> None:
+        """Calls in flight, published when it changed, at most every ``GAUGE_S`` (``None``:
+        now, at a batch's end)."""
+        running = self.calls.running
+        if running == self._inflight_seen:
+            return
+        if now is not None and now - self._gauge_at < GAUGE_S:
+            return
+        self._inflight_seen = running
+        self._gauge_at = time.monotonic()
+        self.events.inflight(running)
+
+    def _wait(self, timeout_s: float) -> None:
+        """Until a call ends (or ``timeout_s``), then everything that ended meanwhile."""
+        done = self.calls.done
+        deadline = self.calls.next_deadline()
+        if deadline is not None:
+            timeout_s = min(timeout_s, max(0.0, deadline - time.monotonic()))
+        try:
+            first = done.get(timeout=timeout_s)
+        except queue.Empty:
+            return
+        self._finished(first)
+        while True:
+            try:
+                item = done.get_nowait()
+            except queue.Empty:
+                return
+            self._finished(item)
+
+    # ------------------------------------------------------------------ outcomes
+    def _finished(self, finished: Finished) -> None:
+        rec: Acquired = finished.token
+        result = finished.result
+        rec.result = result
+        self.stats.duration(rec.view.topic).observe(finished.seconds)
+        if result.outcome is Outcome.SUCCESS or result.outcome is Outcome.DROP:
+            dropped = result.outcome is Outcome.DROP
+            self.stats.outcomes[(rec.view.topic, "dropped" if dropped else "success")] += 1
+            self.stats.answered += 1
+            self._ack(rec, AcknowledgeType.ACCEPT)
+            return
+        route = self.planner.route(
+            rec.view.topic,
+            rec.view.partition,
+            rec.view.offset,
+            rec.view.timestamp,
+            0,
+            None,
+            rec.view.headers,
+            result,
+            int(time.time() * 1000),
+        )
+        if route.is_dead:
+            log.info(
+                "%s dead-lettered (%s): %s", rec.view.where, route.dead_reason, result.error_class
+            )
+        self._route(rec, route)
+
+    def _last_delivery(self, rec: Acquired, count: int) -> None:
+        """The broker's last delivery of this record: dead-letter it (module docstring)."""
+        message = (
+            f"delivered {count} times (share.delivery.count.limit={self.limit}): the earlier "
+            "deliveries never finished (their worker stopped or their lock expired)"
+        )
+        rec.result = HandlerResult(Outcome.DEAD, LIMIT_CLASS, message)
+        route = self.planner.route(
+            rec.view.topic,
+            rec.view.partition,
+            rec.view.offset,
+            rec.view.timestamp,
+            0,
+            None,
+            rec.view.headers,
+            rec.result,
+            int(time.time() * 1000),
+        )
+        if route.dead_reason == DEAD_NON_RETRYABLE:  # not the handler's verdict: exhausted
+            route.headers = [
+                (k, DEAD_EXHAUSTED.encode("ascii") if k == DEAD_REASON else v)
+                for k, v in route.headers
+            ]
+            route.dead_reason = DEAD_EXHAUSTED
+        log.warning("%s: %s; dead-lettered to %s", rec.view.where, message, route.topic)
+        self._route(rec, route)
+
+    def _route(self, rec: Acquired, route: Route) -> None:
+        if rec.route is None:
+            self.parts.tracing.stamp(rec.view, route)
+        rec.route = route
+        self.router.send(route, rec.msg.key(), rec.msg.value(), rec.view.partition, rec)
+
+    def _settle_reports(self) -> None:
+        router = self.router
+        router.poll()
+        reports = router.reports
+        while reports:
+            report = reports.popleft()
+            rec: Acquired = report.context
+            if report.error is None:
+                reason = report.route.dead_reason
+                topic = rec.view.topic
+                if reason is None:
+                    self.stats.outcomes[(topic, "retried")] += 1
+                else:
+                    self.stats.outcomes[(topic, "dead")] += 1
+                    self.stats.dead[reason] += 1
+                self._ack(rec, AcknowledgeType.ACCEPT)
+            else:
+                self._refused(rec, report.route, report.error)
+
+    def _refused(self, rec: Acquired, route: Route, err: KafkaError) -> None:
+        """A copy not delivered: again when the cluster said "not now"; without its payload
+        when too large; anything else stops the worker, the record unacknowledged (the broker
+        hands it out again after its lock)."""
+        if err.code() in TRANSIENT_CODES and not err.fatal():
+            log.warning(
+                "%s: copy to %s not delivered (%s): again", rec.view.where, route.topic, err.str()
+            )
+            self._route(rec, route)
+            return
+        if err.code() in TOO_LARGE_CODES and route.dead_reason != DEAD_TOO_LARGE:
+            size = sum(len(v or b"") + len(k) for k, v in route.headers)
+            size += len(rec.msg.value() or b"") + len(rec.msg.key() or b"")
+            smaller = route_too_large(self.planner.plan, route, size, err.str())
+            rec.route = smaller
+            self.router.send(smaller, rec.msg.key(), None, rec.view.partition, rec)
+            return
+        self.fault = DeliveryError(
+            f"routed copy of {rec.view.where} to {route.topic} failed: {err.str()}; the "
+            "record stays unacknowledged and is handed out again after its lock"
+        )
+        log.error("%s", self.fault)
+
+    def _ack(self, rec: Acquired, kind: AcknowledgeType) -> None:
+        if rec.done:
+            return
+        rec.done = True
+        self._open -= 1
+        try:
+            self.consumer.acknowledge(rec.msg, kind)
+        except (KafkaException, RuntimeError, ValueError) as exc:
+            # its lock expired meanwhile: the broker hands it out again (a repeat, never a loss)
+            log.warning("%s: cannot acknowledge (%s)", rec.view.where, exc)
+            return
+        self.handled += 1
+        self.acks["accept" if kind == AcknowledgeType.ACCEPT else "release"] += 1
+
+    def _committed(self, offsets: Any, exc: Any) -> None:
+        if exc is not None:
+            log.warning(
+                "share acknowledgements refused (%s): those records are handed out again", exc
+            )
+
+    # ------------------------------------------------------------------ observability
+    def _publish(self, started: float) -> None:
+        stats, self.stats = self.stats, BatchStats()
+        stats.quick_retries, stats.quick_rescued = self.parts.quick.take()
+        for kind, n in self.acks.items():
+            if n:
+                SHARE_ACKNOWLEDGEMENTS.labels(type=kind).inc(n)
+        self.acks = {"accept": 0, "release": 0}
+        if stats:
+            self.events.batch(stats, started, time.monotonic())
+
+    def _beat(self, state: str) -> None:
+        if self.parts.heartbeat is not None:
+            self.parts.heartbeat.beat(0, 0, state)
+
+    def _close(self) -> None:
+        try:
+            if self.router.flush(10.0):
+                log.error("copies not acknowledged at shutdown: their records are redone")
+            self._settle_reports()  # acknowledgements of what was just delivered
+            self.consumer.close()
+        except (KafkaException, RuntimeError) as exc:
+            log.error("closing the share consumer: %s", exc)
+        finally:
+            self.calls.close()
+            self._publish(time.monotonic())
+            self.events.inflight(0)
+            if self.parts.heartbeat is not None:
+                self.parts.heartbeat.remove()
