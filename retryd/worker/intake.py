@@ -170,6 +170,8 @@ class Intake:
             return SINGLE
         if st in self._parked:
             return PARKED  # behind records already parked
+        if runs and st.position is not None and st.position < st.runs_from:
+            runs = False  # a run of it failed a moment ago
         if self.ordering is Ordering.KEY:
             if runs and not st.lanes:
                 return RUN

@@ -70,6 +70,7 @@ class PartitionState:
         "released",
         "run_below",
         "running",
+        "runs_from",
         "stored",
         "strict",
         "tail",
@@ -93,6 +94,7 @@ class PartitionState:
         # ordering = key: the scheduler's key lanes of this assignment (the records of a key
         # queued or running); a run of its records starts only while there are none
         self.lanes = 0
+        self.runs_from = 0  # no run starts below this offset (a run failed just before)
         self.tail: deque[Work] = deque()
         self.tail_bytes = 0
         # the earliest due time among tail records that wait for their time (not for an

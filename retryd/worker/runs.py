@@ -52,6 +52,9 @@ _OK = HandlerResult.success()
 # Slow calls in a row (each past ``SLOW_CALL_S``) that stop a run: one alone may only have
 # waited for the interpreter lock.
 SLOW_STREAK = 3
+# Records of a partition fetched after a run of it failed that go as single records: where
+# failures are common, splitting runs would cost more than runs save.
+RUNS_BACKOFF = 2000
 
 
 def new_run(
@@ -219,6 +222,9 @@ def split_failed(run: Run, scheduler: Scheduler, lifecycle: Lifecycle) -> Work |
     until then); the records after it and every record chained behind the run are queued again
     as single records behind it. The records before it stay settled as the run. None when the
     run was discarded meanwhile."""
+    part = run.part
+    if part.position is not None:  # failures come in bunches: single records for a while
+        part.runs_from = part.position + RUNS_BACKOFF
     failed = _single(run, run.msg)
     failed.stage = FAILED
     failed.attempt = 1

@@ -16,6 +16,8 @@ import pytest
 
 from retryd.handlers.base import Message
 from retryd.worker import intake as intake_module
+from retryd.worker import runs as runs_module
+from retryd.worker import settle as settle_module
 from retryd.worker.engine import Worker
 from tests.stub_kafka import StubBroker
 from tests.support import wait_for
@@ -82,12 +84,25 @@ def test_fast_calls_run_as_runs_each_record_once_in_key_order(
 
 @pytest.mark.parametrize("ordering", ["key", "partition", "none"])
 def test_a_failure_inside_a_run_routes_that_record_alone(
-    broker: StubBroker, tmp_path: Path, runs_made: list[int], ordering: str
+    broker: StubBroker,
+    tmp_path: Path,
+    runs_made: list[int],
+    ordering: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.setattr(runs_module, "RUNS_BACKOFF", 0)  # runs again right after a failure
+    splits: list[int] = []
+    real_split = settle_module.split_failed
+
+    def split(run: Any, *args: Any) -> Any:
+        splits.append(run.done)
+        return real_split(run, *args)
+
+    monkeypatch.setattr(settle_module, "split_failed", split)
     calls = Calls()
 
     def fail_some(m: Message) -> None:
-        if m.retry_number == 0 and m.offset % 97 == 13:
+        if m.retry_number == 0 and m.offset % 97 == 13:  # inside runs of 100 records
             raise ValueError("this one")
 
     worker = make_worker(
@@ -96,6 +111,7 @@ def test_a_failure_inside_a_run_routes_that_record_alone(
     send(broker, 4000, keys=7, partitions=2)
     summary = worker.run(until_drained=True)
     assert runs_made
+    assert splits and any(splits), splits  # failures inside runs, part-way
     failing = sorted((p, o) for p in range(2) for o in range(2000) if o % 97 == 13)
     tier = broker.records("retry_1s")
     assert len(tier) == len(failing)
