@@ -273,7 +273,7 @@ class Worker:
         while True:
             if self.strict is not None:
                 self.intake.decide_strict(_now_ms())  # lane heads below a revoke's bound run
-            if self.intake.parked:
+            if self.intake.runs.waiting:
                 self._dispatch()  # runs parked behind busy ones (retryd.worker.runs)
             self._settle_once()
             if done():

@@ -38,17 +38,16 @@ from retryd.worker.faults import Faults
 from retryd.worker.lifecycle import FAILED, QUEUED, SKIPPED, WAITING
 from retryd.worker.partition import NEVER, PartitionState
 from retryd.worker.reading import readable_headers
-from retryd.worker.runs import new_run, resume_singles, unfold
+from retryd.worker.run_intake import SINGLE, RunIntake
 from retryd.worker.scheduler import Scheduler
 from retryd.worker.settle import Settler
-from retryd.worker.work import Run, Work, new_work
+from retryd.worker.work import Work, new_work
 
 if TYPE_CHECKING:
     from retryd.worker.strict import StrictOrder
 
 log = logging.getLogger(__name__)
 
-SINGLE, RUN, PARKED = 0, 1, 2  # how a batch's records of a partition go (Intake._mode)
 _UNREADABLE = object()  # a tail record's key could not be read (it was dead-lettered)
 
 
@@ -86,9 +85,7 @@ class Intake:
         self.faults = faults
         self.waiting: set[PartitionState] = set()  # partitions with a non-empty tail
         self._new: list[Work] = []
-        # ordering = key: runs consumed while the partition's runs are busy and calls are not
-        # fast any more, in offset order (``retryd.worker.runs``)
-        self._parked: dict[PartitionState, list[Run]] = {}
+        self.runs = RunIntake(ordering, scheduler, settler.lifecycle)  # retryd.worker.runs
         self.first_delay_ms = plan.first_delay_ms  # main-topic records wait this long first
 
     # ------------------------------------------------------------------ records in
@@ -117,13 +114,13 @@ class Intake:
             partition = raw.partition()
             if partition != last_partition or topic != last_topic:
                 if run:
-                    self._run(st, run, run_bytes, mode)  # type: ignore[arg-type]
+                    self.runs.make(st, run, run_bytes, mode, self._new)  # type: ignore[arg-type]
                     run = []
                     run_bytes = 0
                 parts = by_topic.get(topic)
                 st = parts.get(partition) if parts is not None else None
                 last_topic, last_partition = topic, partition
-                mode = SINGLE if st is None else self._mode(st, runs)
+                mode = SINGLE if st is None else self.runs.mode(st, runs)
             if st is None or st.closing:
                 continue  # no longer ours: its next owner consumes it
             offset = raw.offset()
@@ -160,46 +157,7 @@ class Intake:
             except Exception as exc:  # the record's content; never the poll thread's end
                 self._malformed(w, f"unreadable record: {type(exc).__name__}: {exc}", now_ms)
         if run:
-            self._run(st, run, run_bytes, mode)  # type: ignore[arg-type]
-
-    # ------------------------------------------------------------------ runs
-    def _mode(self, st: PartitionState, runs: bool) -> int:
-        """How this batch's records of ``st`` go: as single records, as a run, or as a run
-        parked until the partition's runs are done (``retryd.worker.runs``)."""
-        if st.delay_ms is not None or st.strict or st.closing:
-            return SINGLE
-        if st in self._parked:
-            return PARKED  # behind records already parked
-        if runs and st.position is not None and st.position < st.runs_from:
-            runs = False  # a run of it failed a moment ago
-        if self.ordering is Ordering.KEY:
-            if runs and not st.lanes:
-                return RUN
-            # a run of the partition still busy: key lanes may not start beside it
-            return PARKED if self.scheduler.busy(st) else SINGLE
-        return RUN if runs else SINGLE
-
-    def _run(self, st: PartitionState, raws: list[Any], size: int, mode: int) -> None:
-        ordering = self.ordering
-        r = new_run(
-            raws, size, st, None if ordering is Ordering.NONE else st, ordering is Ordering.KEY
-        )
-        if mode == RUN:
-            self._new.append(r)
-        else:
-            self._parked.setdefault(st, []).append(r)
-
-    @property
-    def parked(self) -> bool:
-        """Runs wait for the poll thread: parked, or stopped as calls turned slow."""
-        return bool(self._parked) or self.scheduler.has_slowed
-
-    def _unpark(self) -> None:
-        """Parked runs of partitions whose runs are done: queued as single records."""
-        for st in [st for st in self._parked if not self.scheduler.busy(st)]:
-            for r in self._parked.pop(st):
-                if r.stage is QUEUED:
-                    self._new.extend(unfold(r))
+            self.runs.make(st, run, run_bytes, mode, self._new)  # type: ignore[arg-type]
 
     def _tier_record(
         self, w: Work, st: PartitionState, by_key: bool, now_ms: int, stats: BatchStats
@@ -343,7 +301,7 @@ class Intake:
         return due
 
     def forget(self, st: PartitionState) -> None:
-        self._parked.pop(st, None)
+        self.runs.forget(st)
         if self.strict is not None:
             self.strict.forget(st)
         st.tail.clear()
@@ -426,13 +384,8 @@ class Intake:
 
     def works(self) -> list[Work]:
         """The records queued since the last call, in consumption order."""
-        scheduler = self.scheduler
-        if scheduler.has_slowed:
-            for run in scheduler.take_slowed():
-                if run.stage is QUEUED:
-                    resume_singles(run, scheduler, self.settler.lifecycle)  # type: ignore[arg-type]
-        if self._parked:
-            self._unpark()
+        if self.runs.waiting:
+            self.runs.release(self._new)
         new = self._new
         if new:
             self._new = []

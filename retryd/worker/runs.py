@@ -17,7 +17,7 @@ thread serves them anyway, so a partition running one record at a time loses no 
 a main topic with no delay before the first attempt, not strict key order. With ``ordering =
 key`` a run holds its partition's lane (its records run in offset order, so every key's order
 holds), and starts only while no key lane of the partition is busy; records consumed while a
-run is busy but calls are no longer fast are *parked* (``Intake``) until the partition's runs
+run is busy but calls are no longer fast are *parked* (``RunIntake``) until the partition's runs
 are done, then queued one by one. A run whose calls turn slow (``SLOW_STREAK`` in a row) stops
 and goes back as single records too, so a slow handler gets its key-level concurrency back.
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from retryd.handlers.base import Message
-from retryd.worker import intake as intake_module
+from retryd.worker import run_intake as intake_module
 from retryd.worker import runs as runs_module
 from retryd.worker import settle as settle_module
 from retryd.worker.engine import Worker
