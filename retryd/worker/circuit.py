@@ -46,6 +46,7 @@ from retryd.worker.book import PartitionBook
 from retryd.worker.events import Sink
 from retryd.worker.lifecycle import DISCARDED, QUEUED, RUNNING, Lifecycle
 from retryd.worker.partition import PAUSE_CIRCUIT, PartitionState
+from retryd.worker.runs import probe_of
 from retryd.worker.scheduler import Scheduler
 from retryd.worker.work import Work
 
@@ -254,6 +255,7 @@ class Circuit:
         retry = self.scheduler.steal(
             lambda w: (
                 w.stage is QUEUED
+                and not w.many  # a probe is one call (a run is many: retryd.worker.runs)
                 and w.attempt == 0
                 and w.env is not None
                 and failure_key(w) not in failed
@@ -269,7 +271,12 @@ class Circuit:
         pick: Work | None = min(fresh, key=_position) if fresh else None
         if pick is None:
             stolen = self.scheduler.steal(
-                lambda w: w.stage is QUEUED and w.attempt == 0 and failure_key(w) not in failed
+                lambda w: (
+                    w.stage is QUEUED
+                    and not w.many
+                    and w.attempt == 0
+                    and failure_key(w) not in failed
+                )
             )
             if stolen is not None:
                 self._held = held
@@ -279,6 +286,10 @@ class Circuit:
         if pick is not None:
             held.remove(pick)
         self._held = held
+        if pick is None:  # only runs wait (retryd.worker.runs): the next record of one
+            run = self.scheduler.steal(lambda w: w.many and w.stage is QUEUED)
+            if run is not None:
+                pick = probe_of(run, self.scheduler, self.lifecycle)  # type: ignore[arg-type]
         return pick
 
     def _tier_due_soon(self) -> bool:

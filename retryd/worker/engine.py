@@ -49,6 +49,7 @@ from retryd.worker.lifecycle import ROUTING
 from retryd.worker.loop_pool import ASYNC_CANCEL_GRACE_S
 from retryd.worker.offsets import Committed
 from retryd.worker.partition import PartitionState
+from retryd.worker.runs import keep_done
 from retryd.worker.summary import RunSummary
 
 if TYPE_CHECKING:
@@ -272,6 +273,8 @@ class Worker:
         while True:
             if self.strict is not None:
                 self.intake.decide_strict(_now_ms())  # lane heads below a revoke's bound run
+            if self.intake.runs.waiting:
+                self._dispatch()  # runs parked behind busy ones (retryd.worker.runs)
             self._settle_once()
             if done():
                 return True
@@ -335,6 +338,8 @@ class Worker:
                 writing,
                 ROUTED_BOUND_S,
             )
+        for st in states:
+            keep_done(st, lifecycle)  # runs stopped part-way: what ran is committed
         discarded = self._discard(states)
         if discarded:
             log.info("%s: %d unfinished records left to the next owner", why, discarded)

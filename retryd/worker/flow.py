@@ -46,7 +46,7 @@ def flow_control(
     tails = 0  # bytes of records waiting for their due time
     parts = list(book.parts.values())
     for st in parts:
-        n = len(st.pending)
+        n = st.records
         working += st.pending_bytes - st.tail_bytes
         tails += st.tail_bytes
         if n >= partition_buffer:

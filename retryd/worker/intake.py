@@ -38,6 +38,7 @@ from retryd.worker.faults import Faults
 from retryd.worker.lifecycle import FAILED, QUEUED, SKIPPED, WAITING
 from retryd.worker.partition import NEVER, PartitionState
 from retryd.worker.reading import readable_headers
+from retryd.worker.run_intake import SINGLE, RunIntake
 from retryd.worker.scheduler import Scheduler
 from retryd.worker.settle import Settler
 from retryd.worker.work import Work, new_work
@@ -84,6 +85,7 @@ class Intake:
         self.faults = faults
         self.waiting: set[PartitionState] = set()  # partitions with a non-empty tail
         self._new: list[Work] = []
+        self.runs = RunIntake(ordering, scheduler, settler.lifecycle)  # retryd.worker.runs
         self.first_delay_ms = plan.first_delay_ms  # main-topic records wait this long first
 
     # ------------------------------------------------------------------ records in
@@ -99,6 +101,11 @@ class Intake:
         first_delay = self.first_delay_ms
         strict = self.strict
         stats.records += len(batch)
+        # runs (retryd.worker.runs): consecutive records of a partition, collected in ``run``
+        runs = self.scheduler.fast_calls and not first_delay
+        mode = SINGLE
+        run: list[Any] = []
+        run_bytes = 0
         for raw in batch:
             if raw.error() is not None:
                 self.consumer_error(raw)
@@ -106,9 +113,14 @@ class Intake:
             topic = raw.topic()
             partition = raw.partition()
             if partition != last_partition or topic != last_topic:
+                if run:
+                    self.runs.make(st, run, run_bytes, mode, self._new)  # type: ignore[arg-type]
+                    run = []
+                    run_bytes = 0
                 parts = by_topic.get(topic)
                 st = parts.get(partition) if parts is not None else None
                 last_topic, last_partition = topic, partition
+                mode = SINGLE if st is None else self.runs.mode(st, runs)
             if st is None or st.closing:
                 continue  # no longer ours: its next owner consumes it
             offset = raw.offset()
@@ -116,6 +128,10 @@ class Intake:
             if position is not None and offset < position:
                 continue  # delivered twice (never expected without seeks; harmless to skip)
             st.position = offset + 1
+            if mode:
+                run.append(raw)
+                run_bytes += len(raw)
+                continue
             w = new_work(raw, topic, partition, offset, st)
             size = len(raw)  # the value's bytes: what buffers hold (keys are small)
             w.size = size
@@ -140,6 +156,8 @@ class Intake:
                     self._tier_record(w, st, by_key, now_ms, stats)
             except Exception as exc:  # the record's content; never the poll thread's end
                 self._malformed(w, f"unreadable record: {type(exc).__name__}: {exc}", now_ms)
+        if run:
+            self.runs.make(st, run, run_bytes, mode, self._new)  # type: ignore[arg-type]
 
     def _tier_record(
         self, w: Work, st: PartitionState, by_key: bool, now_ms: int, stats: BatchStats
@@ -283,6 +301,7 @@ class Intake:
         return due
 
     def forget(self, st: PartitionState) -> None:
+        self.runs.forget(st)
         if self.strict is not None:
             self.strict.forget(st)
         st.tail.clear()
@@ -365,6 +384,8 @@ class Intake:
 
     def works(self) -> list[Work]:
         """The records queued since the last call, in consumption order."""
+        if self.runs.waiting:
+            self.runs.release(self._new)
         new = self._new
         if new:
             self._new = []

@@ -10,6 +10,10 @@
     (intake: another group's tier record) ─────────▶ SKIPPED                         (settled)
     any unsettled stage ─release (assignment over)─▶ DISCARDED
 
+A *run* (``retryd.worker.runs``: consecutive records of a partition, one entry) takes the same
+path; each of its records starts through ``step``, and a run that stops part-way splits into
+the records that succeeded (``split``: SUCCEEDED) and single records for the rest.
+
 SUCCEEDED, SKIPPED and ACKED are *settled*: the record's offset may be stored once every lower
 one is settled. DISCARDED never is: its assignment was given up and the partition's next owner
 redoes it from the committed offset.
@@ -42,8 +46,9 @@ from typing import TYPE_CHECKING, Protocol
 from retryd.policy.classify import HandlerResult, Outcome
 
 if TYPE_CHECKING:
+    from retryd.handlers.base import Message
     from retryd.worker.partition import PartitionState
-    from retryd.worker.work import Work
+    from retryd.worker.work import Run, Work
 
 
 class Stage(Enum):
@@ -135,6 +140,64 @@ class Lifecycle:
             return attempt
         finally:
             self._release()
+
+    def step(self, run: Run, attempt: int, index: int, message: Message, slot: SlotLike) -> bool:
+        """The record ``index`` of a running run (``retryd.worker.runs``) starts: every record
+        before it succeeded. False when it must not: the slot was abandoned (the watchdog owns
+        the run: the slot must exit), the call no longer owns the run (expired, requeued or
+        discarded), or its assignment stopped starting records (a revoke: the run goes back to
+        QUEUED, never to start again, and its next owner redoes it). Records of a run are
+        calls like any other: each one starts here, under the lock a revoke closes with."""
+        part = run.part
+        started = perf_counter()
+        self._acquire()
+        try:
+            if slot.abandoned:
+                return False
+            if run.attempt == attempt and run.stage is RUNNING:
+                if not part.closing or message.offset < part.run_below:
+                    run.done = index
+                    run.msg = message  # the record running: what the watchdog names
+                    slot.started = started
+                    return True
+                run.done = index  # every record before it succeeded
+                run.stage = QUEUED  # its assignment stopped starting records
+                part.running -= 1
+            elif run.attempt == attempt:  # discarded while running: the call is over
+                part.running -= 1
+                self.discarded_results += 1
+            slot.work = None
+            return False
+        finally:
+            self._release()
+
+    def pause(self, run: Run, attempt: int, index: int, slot: SlotLike) -> bool:
+        """A running run stops before its record ``index`` (the circuit breaker shut the
+        gate): RUNNING → QUEUED, to go on from that record. False when the call no longer owns
+        the run (the slot checks ``abandoned``)."""
+        with self.lock:
+            if slot.abandoned:
+                return False
+            slot.work = None
+            if run.attempt != attempt or run.stage is not RUNNING:
+                if run.attempt == attempt:  # discarded while running: the call is over
+                    run.part.running -= 1
+                    self.discarded_results += 1
+                return False
+            run.done = index
+            run.stage = QUEUED
+            run.part.running -= 1
+            return True
+
+    def split(self, run: Run) -> bool:
+        """A run gives way to its single records (``retryd.worker.runs``): the ones before
+        ``run.done`` succeeded and stay settled as the run, FAILED or QUEUED → SUCCEEDED;
+        False when it was discarded meanwhile."""
+        with self.lock:
+            if run.stage is not FAILED and run.stage is not QUEUED:
+                return False
+            run.stage = SUCCEEDED
+            return True
 
     def finish(self, w: Work, attempt: int, result: HandlerResult, slot: SlotLike) -> Stage | None:
         """RUNNING → SUCCEEDED or FAILED, and the slot is free again. None when the slot was

@@ -19,7 +19,7 @@ from retryd.worker.lifecycle import (
 )
 
 if TYPE_CHECKING:
-    from retryd.worker.work import Work
+    from retryd.worker.work import Run, Work
 
 # Why a partition is paused (a bit mask: it stays paused while any reason holds).
 PAUSE_BUFFER = 1  # its consumed-but-unfinished records reached ``partition_buffer``
@@ -59,15 +59,18 @@ class PartitionState:
         "epoch",
         "floor_ms",
         "known_end",
+        "lanes",
         "lost",
         "partition",
         "paused",
         "pending",
         "pending_bytes",
+        "pending_extra",
         "position",
         "released",
         "run_below",
         "running",
+        "runs_from",
         "stored",
         "strict",
         "tail",
@@ -87,6 +90,11 @@ class PartitionState:
         self.floor_ms = delay_ms if floor_ms is None else floor_ms
         self.pending: deque[Work] = deque()
         self.pending_bytes = 0
+        self.pending_extra = 0  # records of ``pending`` beyond one per entry (runs)
+        # ordering = key: the scheduler's key lanes of this assignment (the records of a key
+        # queued or running); a run of its records starts only while there are none
+        self.lanes = 0
+        self.runs_from = 0  # no run starts below this offset (a run failed just before)
         self.tail: deque[Work] = deque()
         self.tail_bytes = 0
         # the earliest due time among tail records that wait for their time (not for an
@@ -124,6 +132,14 @@ class PartitionState:
         every started record above them."""
         for w in reversed(self.pending):
             stage = w.stage
+            if w.many and stage is not SUCCEEDED:
+                # a run (retryd.worker.runs): up to the record running or failed, or the last
+                # one that ran before it stopped (QUEUED)
+                run: Run = w  # type: ignore[assignment]
+                started = run.done + (0 if stage is QUEUED else 1)
+                if started:
+                    return int(run.raws[started - 1].offset()) + 1
+                continue
             if stage is not QUEUED and stage is not WAITING and stage is not DECIDING:
                 return w.offset + 1
         return 0
@@ -151,6 +167,7 @@ class PartitionState:
         ):
             w = pending.popleft()
             self.pending_bytes -= w.size
+            self.pending_extra -= w.extra
             nxt = w.offset + 1
         if nxt is None:
             return None
@@ -158,6 +175,11 @@ class PartitionState:
             return None
         self.stored = nxt
         return nxt
+
+    @property
+    def records(self) -> int:
+        """Consumed records not yet settled (a run counts each of its records)."""
+        return len(self.pending) + self.pending_extra
 
     def unfinished(self) -> bool:
         """Anything consumed and not yet settled, not counting records waiting for their due

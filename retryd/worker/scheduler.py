@@ -83,6 +83,10 @@ class Scheduler:
         self.gate_open = True  # False: the circuit is not closed; only the probe may start
         self.failing = 0  # retryable failures in a row, as slots finished them
         self.probe: Work | None = None  # the record offered as the probe, not yet taken
+        # the thread pool's calls return in microseconds: records may run as runs
+        # (``retryd.worker.runs``); only ``ThreadPool`` sets it
+        self.fast_calls = False
+        self._slowed: list[Work] = []  # runs stopped as calls turned slow, for the poll thread
 
     def __len__(self) -> int:
         """Records ready to start (not counting chained ones)."""
@@ -141,26 +145,82 @@ class Scheduler:
     # ------------------------------------------------------------------ lanes
     def submit(self, works: Iterable[Work]) -> int:
         """Queue records in offset order (per key); returns how many became ready."""
+        with self.lock:
+            return self._submit_locked(works)
+
+    def _submit_locked(self, works: Iterable[Work]) -> int:
         made_ready = 0
         tails = self._tails
-        with self.lock:
-            append = self.ready.append
-            for w in works:
-                key = w.lock
-                if key is None:
-                    append(w)
-                    made_ready += 1
-                    continue
-                tail = tails.get(key)
-                if tail is not None:
-                    tail.next = w
-                elif w.stage is DECIDING:  # strict key order: decided first
+        append = self.ready.append
+        for w in works:
+            key = w.lock
+            if key is None:
+                append(w)
+                made_ready += 1
+                continue
+            tail = tails.get(key)
+            if tail is not None:
+                tail.next = w
+            else:
+                if type(key) is tuple:  # a key lane (ordering = key): counted per partition
+                    key[0].lanes += 1
+                if w.stage is DECIDING:  # strict key order: decided first
                     self.decisions.append(w)
                 else:
                     append(w)
                     made_ready += 1
-                tails[key] = w
+            tails[key] = w
         return made_ready
+
+    def slowed(self, run: Work) -> None:
+        """A slot stopped ``run`` as calls turned slow: the poll thread requeues the rest of
+        it as single records (``take_slowed``); it keeps its lane meanwhile."""
+        with self.lock:
+            self._slowed.append(run)
+
+    @property
+    def has_slowed(self) -> bool:
+        return bool(self._slowed)
+
+    def take_slowed(self) -> list[Work]:
+        with self.lock:
+            out, self._slowed = self._slowed, []
+            return out
+
+    def busy(self, lock: Hashable) -> bool:
+        """Something holds ``lock``'s lane (queued or running). Read without the lock: a
+        stale answer only delays the caller by one poll."""
+        return lock in self._tails
+
+    def detach(self, run: Work) -> list[Work]:
+        """A failed run's lane (``retryd.worker.runs``): the records chained behind it, which
+        never started, leave the scheduler with it, in order (they are queued again as single
+        records, behind the failure)."""
+        chain = []
+        with self.lock:
+            nxt, run.next = run.next, None
+            while nxt is not None:
+                chain.append(nxt)
+                following = nxt.next
+                nxt.next = None
+                nxt = following
+            key = run.lock
+            last = chain[-1] if chain else run
+            if key is not None and self._tails.get(key) is last:
+                del self._tails[key]
+        return chain
+
+    def place(self, failed: Work, works: list[Work]) -> None:
+        """Queue ``works`` behind ``failed``, a record that failed (its lane taken as if it had
+        run from the queue: the records of its key wait for its routing), all in offset
+        order."""
+        with self.lock:
+            key = failed.lock
+            if key is not None:
+                if type(key) is tuple:
+                    key[0].lanes += 1
+                self._tails[key] = failed
+            self._submit_locked(works)
 
     def take_locked(self, n: int) -> list[Work]:
         """Up to ``n`` records that may start now; the caller holds ``lock``."""
@@ -211,6 +271,8 @@ class Scheduler:
                 into(nxt)
         elif self._tails.get(key) is w:
             del self._tails[key]
+            if type(key) is tuple:
+                key[0].lanes -= 1
 
     def _settled_here(self, w: Work) -> bool:
         """Does the slot that ran (or refused) ``w`` release its lane? Yes for a success
@@ -228,7 +290,10 @@ class Scheduler:
             result = w.result
             if result is not None and result.outcome is _RETRY:
                 self.failing += 1
-            return self.gate_open and self.failing <= FAIL_STREAK and not w.part.strict
+            # (a failed run keeps its lane: the poll thread splits it into its records)
+            return (
+                self.gate_open and self.failing <= FAIL_STREAK and not w.part.strict and not w.many
+            )
         if stage is DISCARDED:
             return True
         if stage is QUEUED:

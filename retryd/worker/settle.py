@@ -52,6 +52,7 @@ from retryd.worker.lifecycle import (
 from retryd.worker.partition import PartitionState
 from retryd.worker.reading import readable_headers
 from retryd.worker.router import Report, Router
+from retryd.worker.runs import split_failed
 from retryd.worker.scheduler import Scheduler
 from retryd.worker.strict import SideWrite, Step
 from retryd.worker.work import Work
@@ -141,6 +142,11 @@ class Settler:
             if w.stage is not FAILED:
                 self.scheduler.release(w)  # discarded: the records behind it drain
                 continue
+            if w.many:  # a run stopped by a failed record: settled as single records
+                split = split_failed(w, self.scheduler, self.lifecycle)  # type: ignore[arg-type]
+                if split is None:
+                    continue
+                w = split
             if self.strict is not None and w.part.strict and w.hold:
                 outcome = w.result.outcome if w.result is not None else None
                 if outcome is Outcome.SUCCESS or outcome is Outcome.DROP:

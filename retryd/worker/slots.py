@@ -42,6 +42,9 @@ log = logging.getLogger(__name__)
 
 # A call running longer than this is "slow": the pool wakes another thread for ready records.
 SLOW_CALL_S = 0.0002
+# Calls faster than this on average (smoothed, per slot) let records run as runs
+# (``retryd.worker.runs``): half the slow mark, so a handler near it does not flap.
+FAST_CALL_S = SLOW_CALL_S / 2
 MAX_CHUNK = 256  # records a fast slot takes per lock acquisition
 # A slot takes as many records as it can run in about this long (by its average call time), so
 # fast calls cost one lock per chunk while slow ones never sit on records another slot could run.

@@ -16,9 +16,11 @@ from collections.abc import Callable
 from retryd.handlers.base import SyncHandler
 from retryd.policy.classify import HandlerResult
 from retryd.worker.lifecycle import SUCCEEDED, Lifecycle
+from retryd.worker.runs import call_run
 from retryd.worker.scheduler import Scheduler
 from retryd.worker.slots import (
     CHUNK_BUDGET_S,
+    FAST_CALL_S,
     MAX_CHUNK,
     SLOW_CALL_S,
     Slot,
@@ -85,8 +87,8 @@ class ThreadPool(ThreadSlots[Slot]):
             if work is None or slot.started > limit:
                 continue
             with lifecycle.lock:
-                if slot.work is not work or slot.abandoned:
-                    continue  # finished meanwhile
+                if slot.work is not work or slot.abandoned or slot.started > limit:
+                    continue  # finished meanwhile (or a run's next record started)
                 slot.abandoned = True
                 held, index, attempt = slot.held, slot.index, slot.attempt
             self._slots.remove(slot)
@@ -147,6 +149,26 @@ class ThreadPool(ThreadSlots[Slot]):
                     attempt = claim(w, slot)
                     if not attempt:
                         continue  # closed by a revoke: its next owner runs it
+                    if w.many:  # a run (retryd.worker.runs): its records one by one
+                        result, seconds = call_run(
+                            w,  # type: ignore[arg-type]
+                            attempt,
+                            slot,
+                            call,
+                            lifecycle,
+                            scheduler,
+                            stats,
+                        )
+                        stage = None if result is None else finish(w, attempt, result, slot)
+                        if stage is None:
+                            if slot.abandoned:
+                                self._late_return(w)
+                                return
+                        elif stage is not SUCCEEDED:
+                            w.seconds = seconds
+                            done(w)  # a record failed: the poll thread splits the run
+                        average += (seconds - average) * 0.2
+                        continue
                     started = slot.started
                     try:
                         result = call(w.msg)
@@ -175,3 +197,4 @@ class ThreadPool(ThreadSlots[Slot]):
                             done(w)  # FAILED: the poll thread routes it
                     average += (seconds - average) * 0.2
                 chunk = max(1, min(MAX_CHUNK, int(CHUNK_BUDGET_S / max(average, 1e-7))))
+                scheduler.fast_calls = average < FAST_CALL_S

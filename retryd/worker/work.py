@@ -63,6 +63,11 @@ class Work:
     clean: bool  # decided to run with no chain entry: a success hands that verdict on
     since: int | None  # a parked copy: when it was first parked (its retryd_parked header)
 
+    # A ``Run`` (``retryd.worker.runs``) stands for several records; a Work for one. Class
+    # attributes, so a Work's construction writes neither.
+    many = False
+    extra = 0  # records beyond the first (``PartitionState.pending`` counts entries)
+
     @property
     def topic(self) -> str:
         return self.msg.topic
@@ -83,6 +88,21 @@ class Work:
 
     def __repr__(self) -> str:
         return f"Work({self.where}, {self.stage.value}, attempt={self.attempt})"
+
+
+class Run(Work):
+    """Consecutive records of one main-topic partition consumed together, taken through the
+    life cycle as one entry (``retryd.worker.runs``): ``offset`` is the *last* record's
+    offset, so every bound that compares offsets (stores, revokes) holds for the whole run;
+    ``done`` records of ``raws`` have succeeded."""
+
+    __slots__ = ("by_key", "done", "extra", "raws")
+
+    many = True
+    by_key: bool  # ordering = key: its records, as single records, take key lanes
+    raws: list[Any]
+    done: int  # the record running (or to run next); every one before it succeeded
+    extra: int
 
 
 def new_work(raw: Any, topic: str, partition: int, offset: int, part: PartitionState) -> Work:
