@@ -277,22 +277,28 @@ class ShareWorker:
             self.stats.answered += 1
             self._ack(rec, AcknowledgeType.ACCEPT)
             return
-        route = self.planner.route(
-            rec.view.topic,
-            rec.view.partition,
-            rec.view.offset,
-            rec.view.timestamp,
-            0,
-            None,
-            rec.view.headers,
-            result,
-            int(time.time() * 1000),
-        )
+        route = self._plan(rec, result)
         if route.is_dead:
             log.info(
                 "%s dead-lettered (%s): %s", rec.view.where, route.dead_reason, result.error_class
             )
         self._route(rec, route)
+
+    def _plan(self, rec: Acquired, result: HandlerResult) -> Route:
+        """Where a record's failure sends it: the route planner's verdict for a first attempt
+        (a share-group record has no retry number: its retries are tier copies)."""
+        view = rec.view
+        return self.planner.route(
+            view.topic,
+            view.partition,
+            view.offset,
+            view.timestamp,
+            0,
+            None,
+            view.headers,
+            result,
+            int(time.time() * 1000),
+        )
 
     def _last_delivery(self, rec: Acquired, count: int) -> None:
         """The broker's last delivery of this record: dead-letter it (module docstring)."""
@@ -301,17 +307,7 @@ class ShareWorker:
             "deliveries never finished (their worker stopped or their lock expired)"
         )
         rec.result = HandlerResult(Outcome.DEAD, LIMIT_CLASS, message)
-        route = self.planner.route(
-            rec.view.topic,
-            rec.view.partition,
-            rec.view.offset,
-            rec.view.timestamp,
-            0,
-            None,
-            rec.view.headers,
-            rec.result,
-            int(time.time() * 1000),
-        )
+        route = self._plan(rec, rec.result)
         if route.dead_reason == DEAD_NON_RETRYABLE:  # not the handler's verdict: exhausted
             route.headers = [
                 (k, DEAD_EXHAUSTED.encode("ascii") if k == DEAD_REASON else v)

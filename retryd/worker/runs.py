@@ -63,15 +63,8 @@ def new_run(
     """A run over ``raws`` (consecutive records of ``part``), appended to its pending; its
     records take key lanes when it splits with ``by_key``, else the run's own ``lock``."""
     first = raws[0]
-    m = Message.__new__(Message)
-    m._raw = first
-    m._env = None
-    m._hdrs = None
-    m.topic = part.topic
-    m.partition = part.partition
-    m.offset = first.offset()
     r = Run.__new__(Run)
-    r.msg = m
+    r.msg = _view(first, part)
     r.raw = first
     r.raws = raws
     r.done = 0
@@ -238,14 +231,7 @@ def probe_of(run: Run, scheduler: Scheduler, lifecycle: Lifecycle) -> Work | Non
     probe: its next record becomes a single record, the head of its key's lane outside the
     ready queue (where a probe waits to be offered), everything after it queued behind as
     single records. The probe is one call, never a run."""
-    m = Message.__new__(Message)
-    raw = run.raws[run.done]
-    m._raw = raw
-    m._env = None
-    m._hdrs = None
-    m.topic = run.part.topic
-    m.partition = run.part.partition
-    m.offset = raw.offset()
+    m = _view(run.raws[run.done], run.part)
     head = _single(run, m)
     return head if _split(run, head, scheduler, lifecycle) else None
 
@@ -253,15 +239,21 @@ def probe_of(run: Run, scheduler: Scheduler, lifecycle: Lifecycle) -> Work | Non
 def resume_singles(run: Run, scheduler: Scheduler, lifecycle: Lifecycle) -> None:
     """A run its slot stopped because calls turned slow (QUEUED, out of the ready queue):
     the rest of it, and what is chained behind it, queued as single records."""
+    m = _view(run.raws[run.done], run.part)
+    _split(run, _single(run, m), scheduler, lifecycle, ready=True)
+
+
+def _view(raw: Any, part: PartitionState) -> Message:
+    """The handler's view of one record of ``part`` (the run loop builds its own inline: it
+    is the hot path)."""
     m = Message.__new__(Message)
-    raw = run.raws[run.done]
     m._raw = raw
     m._env = None
     m._hdrs = None
-    m.topic = run.part.topic
-    m.partition = run.part.partition
+    m.topic = part.topic
+    m.partition = part.partition
     m.offset = raw.offset()
-    _split(run, _single(run, m), scheduler, lifecycle, ready=True)
+    return m
 
 
 def _single(run: Run, msg: Message) -> Work:
