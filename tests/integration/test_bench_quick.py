@@ -41,7 +41,10 @@ def test_worker_benchmark_quick_mode_produces_every_row(bootstrap: str) -> None:
         "lateness_jitter_p99",
         "lateness_jitter_early",
         "memory",
+        "memory_shared",
         "scale",
+        "late_join",
+        "late_join_shared",
     }
     for row in rows:
         assert row["measured"] > 0 or row["row"].startswith("lateness"), row
