@@ -36,7 +36,7 @@ from retryd.handlers.base import Message
 from retryd.policy.classify import HandlerResult, Outcome
 from retryd.worker.lifecycle import FAILED, QUEUED
 from retryd.worker.slots import SLOW_CALL_S, adapter_failure, perf
-from retryd.worker.work import Run, Work, new_work
+from retryd.worker.work import Run, Work, new_work, work_of_message
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Hashable
@@ -260,17 +260,8 @@ def _single(run: Run, msg: Message) -> Work:
     """A single record for ``run.raws[run.done]``, over ``msg``."""
     part = run.part
     raw = run.raws[run.done]
-    w = Work.__new__(Work)
-    w.msg = msg
+    w = work_of_message(msg, part)
     w.raw = raw
-    w.offset = msg.offset
-    w.part = part
-    w.due = 0
-    w.stage = QUEUED
-    w.attempt = 0
-    w.next = None
-    w.result = None
-    w.route = None
     w.size = len(raw)
     w.lock = (part, raw.key()) if run.by_key else run.lock
     return w
