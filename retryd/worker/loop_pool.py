@@ -170,10 +170,7 @@ class LoopPool:
             for slot in loop.slots:
                 collector.add(slot.stats, stats)
         if self._retired:
-            for slot in self._retired:
-                collector.add(slot.stats, stats)
-                collector.forget(slot.stats)
-            self._retired.clear()
+            collector.retire(self._retired, stats)
 
     def running(self) -> int:
         loop = self._loop

@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from typing import Protocol
+from typing import Any, Protocol
 
 from retryd.policy.classify import HandlerResult, Outcome, timeout_result
 from retryd.worker.events import BatchStats, SlotStats
@@ -147,6 +147,13 @@ class Collector:
 
     def forget(self, slot_stats: SlotStats) -> None:
         self._seen.pop(id(slot_stats), None)
+
+    def retire(self, retired: list[Any], into: BatchStats) -> None:
+        """Slots given up on (``retired``, emptied here): their last counts, then forgotten."""
+        for slot in retired:
+            self.add(slot.stats, into)
+            self.forget(slot.stats)
+        retired.clear()
 
 
 def hand_back(scheduler: Scheduler, held: list[Work], index: int) -> None:

@@ -61,10 +61,7 @@ class ThreadSlots(Generic[S]):
         for slot in self._slots:
             collector.add(slot.stats, stats)
         if self._retired:
-            for slot in self._retired:
-                collector.add(slot.stats, stats)
-                collector.forget(slot.stats)
-            self._retired.clear()
+            collector.retire(self._retired, stats)
 
     @property
     def abandoned(self) -> int:
