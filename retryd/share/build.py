@@ -15,7 +15,6 @@ from confluent_kafka import KafkaException, ShareConsumer
 from retryd.config import Settings
 from retryd.errors import ConfigError, KafkaRuntimeError, KafkaSetupError
 from retryd.handlers.base import Handler, is_batch_handler
-from retryd.handlers.quick import QuickCounts, with_quick_retries
 from retryd.kafka.clients import (
     admin_config,
     common_config,
@@ -29,6 +28,7 @@ from retryd.share.calls import Calls
 from retryd.share.group import check_lock, read_group_config, start_from_earliest
 from retryd.share.worker import ShareParts, ShareWorker
 from retryd.tracing import NO_TRACING, Tracing
+from retryd.worker.assembly import wrap_calls
 from retryd.worker.clients import worker_producer_config
 from retryd.worker.events import Events
 from retryd.worker.router import Router
@@ -72,18 +72,7 @@ def build_share_worker(
         raise ConfigError(["consumer_mode=share calls the handler with one record at a time"])
     plan = settings.plan
     planner = RoutePlanner(plan, settings.group_id)
-    quick = QuickCounts()
-    handler = with_quick_retries(
-        handler,
-        plan.quick,
-        plan.quick_delay_ms,
-        settings.handler_timeout_s,
-        planner.terminal,
-        quick,
-    )
-    # each call a span (with quick retries, the whole in-place sequence), its routed copy
-    # stamped with the call's traceparent, as in group mode
-    handler = tracing.wrap(handler, settings.group_id)
+    handler, quick = wrap_calls(settings, handler, planner, tracing)  # as in group mode
     call_s = max(settings.handler_timeout_s, handler.timeout_s)
     admin = new_admin(admin_config(common_config(settings), "share-check"))
     group = read_group_config(admin, settings.share_group_id)

@@ -182,25 +182,10 @@ def build_worker(
     book = PartitionBook(consumer, plan.tier_bounds, owned, offsets, floors)
     scheduler = Scheduler()
     lifecycle = Lifecycle(hooks)
-    # quick retries in place: one longer call to the engine (retryd.handlers.quick)
     planner = RoutePlanner(plan, settings.group_id)
-    quick = QuickCounts()
     if is_batch_handler(handler) and plan.quick:
         raise ConfigError([f"a batch handler does not work with quick retries ({plan.quick})"])
-    handler = with_quick_retries(
-        handler,
-        plan.quick,
-        plan.quick_delay_ms,
-        settings.handler_timeout_s,
-        planner.terminal,
-        quick,
-    )
-    # each call a span (with quick retries, the whole in-place sequence: one span, so a record
-    # without a traceparent stays one trace); the handler itself when tracing is off
-    if not is_batch_handler(handler):
-        handler = tracing.wrap(handler, settings.group_id)
-    elif tracing is not NO_TRACING:
-        log.warning("tracing: batch handler calls are not traced (one span per record call)")
+    handler, quick = wrap_calls(settings, handler, planner, tracing)
     pool = _pool(settings, handler, scheduler, lifecycle, events)
     alone = None
     if not settings.exactly_once:  # (a transaction's copies go through its one producer)
@@ -297,6 +282,31 @@ def _consumer(
         main.close()
         raise
     return SplitConsumer(main, tier_member, tiers)
+
+
+def wrap_calls(
+    settings: Settings, handler: Handler, planner: RoutePlanner, tracing: Tracing
+) -> tuple[Handler, QuickCounts]:
+    """Each call as every worker makes it (group and share mode): quick retries in place, one
+    longer call to the engine (retryd.handlers.quick), then a span per call (with quick
+    retries, the whole in-place sequence: one span, so a record without a traceparent stays
+    one trace; its routed copy is stamped with the call's traceparent). Batch handler calls
+    are not traced. Returns the handler to call and the quick retries' counts."""
+    plan = settings.plan
+    quick = QuickCounts()
+    handler = with_quick_retries(
+        handler,
+        plan.quick,
+        plan.quick_delay_ms,
+        settings.handler_timeout_s,
+        planner.terminal,
+        quick,
+    )
+    if not is_batch_handler(handler):
+        handler = tracing.wrap(handler, settings.group_id)
+    elif tracing is not NO_TRACING:
+        log.warning("tracing: batch handler calls are not traced (one span per record call)")
+    return handler, quick
 
 
 def key_state_reader_config(settings: Settings) -> dict[str, Any]:
