@@ -40,6 +40,17 @@ TEST_SESSION_TIMEOUT_MS = 6000 if os.environ.get("RETRYD_TEST_BOOTSTRAP") else 2
 ON_TANSU = TEST_BROKER == "tansu" and not os.environ.get("RETRYD_TEST_BOOTSTRAP")
 
 
+def broker_older_than(major: int, minor: int) -> bool:
+    """The Apache Kafka this suite starts predates ``major.minor`` (an external cluster
+    (``RETRYD_TEST_BOOTSTRAP``) is taken as new enough: what it lacks fails or skips later)."""
+    if os.environ.get("RETRYD_TEST_BOOTSTRAP"):
+        return False
+    from retryd.kafka.apache import resolve_version
+
+    found = tuple(int(part) for part in resolve_version().split(".")[:2])
+    return found < (major, minor)
+
+
 def dedicated_broker(log_file: Path, port: int | None = None, advertised: str | None = None) -> Any:
     """A broker of the suite's kind for one test that stops, pauses or proxies it: Apache
     Kafka (one KRaft node), or the embedded Tansu with ``RETRYD_TEST_BROKER=tansu``. Not

@@ -22,7 +22,6 @@ The session broker needs no extra config; joining a share group takes a few seco
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -38,21 +37,18 @@ from confluent_kafka.admin import (
 
 from retryd.policy.headers import REPLAY_ID, REPLAYED_FROM
 from tests.integration.sidecar_support import Env, SidecarProcess, pretty, wait_job
-from tests.support import ON_TANSU, Record, create_topics, produce, read_topic, wait_for
-
-
-def _broker_too_old() -> bool:
-    """A broker this suite starts that predates share-group dead-letter queues (4.4)."""
-    if os.environ.get("RETRYD_TEST_BOOTSTRAP"):
-        return False  # an external cluster: a group config it does not know skips below
-    from retryd.kafka.apache import resolve_version
-
-    major, minor, _ = (int(part) for part in resolve_version().split("."))
-    return (major, minor) < (4, 4)
-
+from tests.support import (
+    ON_TANSU,
+    Record,
+    broker_older_than,
+    create_topics,
+    produce,
+    read_topic,
+    wait_for,
+)
 
 pytestmark = pytest.mark.skipif(
-    ON_TANSU or _broker_too_old(),
+    ON_TANSU or broker_older_than(4, 4),
     reason="share-group dead-letter queues (KIP-1191) need Apache Kafka 4.4 or newer",
 )
 

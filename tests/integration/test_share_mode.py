@@ -12,7 +12,6 @@ when the broker sees the connection close); joining a share group takes a few se
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -30,20 +29,11 @@ from confluent_kafka.admin import (
 )
 
 from tests.integration.worker_support import Deployment, deployment, stop_process
-from tests.support import ON_TANSU, json_lines, produce, read_topic, wait_for
-
-
-def _broker_too_old() -> bool:
-    if os.environ.get("RETRYD_TEST_BOOTSTRAP"):
-        return False
-    from retryd.kafka.apache import resolve_version
-
-    major, minor, _ = (int(part) for part in resolve_version().split("."))
-    return (major, minor) < (4, 2)
-
+from tests.support import ON_TANSU, broker_older_than, json_lines, produce, read_topic, wait_for
 
 pytestmark = pytest.mark.skipif(
-    ON_TANSU or _broker_too_old(), reason="share groups (KIP-932) need Apache Kafka 4.2 or newer"
+    ON_TANSU or broker_older_than(4, 2),
+    reason="share groups (KIP-932) need Apache Kafka 4.2 or newer",
 )
 
 LOCK_MS = 15_000  # the broker's minimum (group.share.min.record.lock.duration.ms)
