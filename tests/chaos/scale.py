@@ -45,6 +45,10 @@ class ClusterSizes:
     gap_s: tuple[float, float]  # load between two faults, drawn uniformly
     strict_messages: int  # key_order = strict (test_strict_kills.py), keys as ``strict_keys``
     strict_rounds: int  # each round: SIGKILL the main topic's leader, then the state's
+    # consumer_mode = share (test_share_chaos.py): SIGKILL the node that is share coordinator
+    # of most of the main topic's share-partitions
+    share_messages: int = 2_000
+    share_kills: int = 1
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,12 @@ class Sizes:
     strict_keys: int
     strict_kills: int
     strict_kill_every_s: tuple[float, float]
+    # consumer_mode = share (test_share_chaos.py): ``share_workers`` worker processes of one
+    # share group, a random one SIGKILLed every ``share_kill_every_s`` and restarted
+    share_messages: int = 1_500
+    share_workers: int = 3
+    share_kills: int = 4
+    share_kill_every_s: tuple[float, float] = (2.0, 3.0)
 
 
 SIZES = {
@@ -104,11 +114,17 @@ SIZES = {
             gap_s=(4.0, 6.0),
             strict_messages=5_000,
             strict_rounds=3,
+            share_messages=20_000,
+            share_kills=3,
         ),
         strict_messages=5_000,
         strict_keys=100,
         strict_kills=12,
         strict_kill_every_s=(3.0, 5.0),
+        share_messages=20_000,
+        share_workers=3,
+        share_kills=12,
+        share_kill_every_s=(3.0, 5.0),
     ),
     "ci": Sizes(
         kill_messages=3_000,
@@ -141,11 +157,17 @@ SIZES = {
             gap_s=(2.0, 3.0),
             strict_messages=750,
             strict_rounds=1,
+            share_messages=2_000,
+            share_kills=1,
         ),
         strict_messages=750,  # the run: 750 records, 4 SIGKILLs of two workers
         strict_keys=50,
         strict_kills=4,
         strict_kill_every_s=(2.0, 3.0),
+        share_messages=1_500,
+        share_workers=3,
+        share_kills=4,
+        share_kill_every_s=(2.0, 3.0),
     ),
 }
 
