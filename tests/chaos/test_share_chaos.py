@@ -14,7 +14,9 @@ repeats (at-least-once) are counted and reported.
   Python admin client cannot ask: ``tests/chaos/share_probe.py`` speaks the protocol), is
   SIGKILLed, kept down ``down_s`` and restarted. That node leads the ``__share_group_state``
   partitions holding those share-partitions' state; the report says whether it also led main
-  partitions or was the share group's group coordinator.
+  partitions or was the share group's group coordinator. The same again with the share
+  group's *group coordinator* (``FindCoordinator`` key type ``group``: members, heartbeats
+  and assignment), a node that is usually not a share coordinator of the group.
 
 Settled means, besides every id ended: the tiers' consumer group committed everything, and
 the share group's lag (``DescribeShareGroupOffsets``) is 0 on every main partition.
@@ -313,23 +315,27 @@ def _answer(probe: Callable[[], T]) -> T | None:
         return None
 
 
-def sigkill_share_coordinator(
-    nodes: Nodes, run: Run, probe: ShareProbe, down_s: float
+def sigkill_coordinator(
+    nodes: Nodes, run: Run, probe: ShareProbe, down_s: float, which: str
 ) -> dict[str, Any]:
-    """SIGKILL the node that is share coordinator of most main share-partitions (the lowest
-    id on a tie) under load, keep it down ``down_s``, start it again and wait until every
-    replica is in sync. The entry says how long those share-partitions had no other share
-    coordinator (``share_coordinator_failover_s``), and how long the partitions the node led
-    had no leader (``failover_s``)."""
+    """SIGKILL a coordinator's node under load, keep it down ``down_s``, start it again and
+    wait until every replica is in sync. ``which``: ``share``, the node that is share
+    coordinator of most main share-partitions (the lowest id on a tie); ``group``, the share
+    group's group coordinator. The entry says which roles the node had, how long until every
+    one of them had moved to another node (``coordinator_failover_s``), and how long the
+    partitions it led had no leader (``failover_s``)."""
     coordinators = wait_for(
         lambda: _answer(probe.share_coordinators), 60, 0.5, what="the share coordinators"
     )
-    counts = Counter(coordinators.values())
-    victim = min(counts, key=lambda n: (-counts[n], n))
-    moved = sorted(p for p, n in coordinators.items() if n == victim)
     group_node = wait_for(
         lambda: _answer(probe.group_coordinator), 60, 0.5, what="the group coordinator"
     )[0]
+    if which == "share":
+        counts = Counter(coordinators.values())
+        victim = min(counts, key=lambda n: (-counts[n], n))
+    else:
+        victim = group_node
+    moved = sorted(p for p, n in coordinators.items() if n == victim)
     sc = run.sc
     topics = [*sc.topics, sc.dep.failed]
     led = nodes.led_by(victim, topics)
@@ -340,6 +346,7 @@ def sigkill_share_coordinator(
         at,
         node=victim,
         pid=pid,
+        killed_for=f"{which} coordinator",
         share_coordinator_of=[f"{sc.dep.main}[{p}]" for p in moved],
         share_coordinators_before=coordinators,
         group_coordinator_before=group_node,
@@ -348,13 +355,19 @@ def sigkill_share_coordinator(
     )
     run.feed(down_s)
 
-    def elsewhere() -> dict[int, int] | None:
+    def elsewhere() -> tuple[dict[int, int], int] | None:
         now = _answer(probe.share_coordinators)
-        return now if now and all(now[p] != victim for p in moved) else None
+        if not now or any(now[p] == victim for p in moved):
+            return None
+        group = _answer(probe.group_coordinator)
+        return (now, group[0]) if group and group[0] != victim else None
 
-    after = wait_for(elsewhere, 120, 0.25, what=f"share coordinators other than node {victim}")
-    entry["share_coordinator_failover_s"] = round(time.monotonic() - at, 1)
+    after, group_after = wait_for(
+        elsewhere, 120, 0.25, what=f"coordinators other than node {victim}"
+    )
+    entry["coordinator_failover_s"] = round(time.monotonic() - at, 1)
     entry["share_coordinators_after"] = after
+    entry["group_coordinator_after"] = group_after
     entry["failover_s"] = nodes.wait_led_elsewhere(led, victim, at) if led else 0.0
     rest = down_s - (time.monotonic() - at)
     if rest > 0:
@@ -366,9 +379,21 @@ def sigkill_share_coordinator(
     return entry
 
 
+ROLE = {
+    "share": "share coordinator of most main-topic share-partitions",
+    "group": "group coordinator of the share group",
+}
+FOUND = {
+    "share": "FindCoordinator key type share (2), key <group>:<topic id>:<partition>",
+    "group": "FindCoordinator key type group (0), key <group>",
+}
+
+
 @pytest.mark.slow
 @ONE_AT_CI
+@pytest.mark.parametrize("which", ["share", "group"])
 def test_sigkill_share_coordinator(
+    which: str,
     cluster: Nodes,
     tmp_path: Path,
     chaos_sizes: Sizes,
@@ -385,7 +410,8 @@ def test_sigkill_share_coordinator(
         consumer_mode="share",
         ordering="none",
     )
-    sc = share_scenario("cluster_share_coordinator_sigkill", dep, tmp_path, plan)
+    name = f"cluster_share_{which}_coordinator_sigkill"
+    sc = share_scenario(name, dep, tmp_path, plan)
     observer = sc.observer
     assert isinstance(observer, ShareObserver)
     kills: list[dict[str, Any]] = []
@@ -393,7 +419,7 @@ def test_sigkill_share_coordinator(
         run = Run(sc, shares=1 + 2 * size.share_kills)
         for _ in range(size.share_kills):
             run.gap(chaos_rng.uniform(*size.gap_s))
-            kills.append(sigkill_share_coordinator(cluster, run, observer.probe, size.down_s))
+            kills.append(sigkill_coordinator(cluster, run, observer.probe, size.down_s, which))
         end = run.end()
     finally:
         sc.close()
@@ -402,9 +428,8 @@ def test_sigkill_share_coordinator(
         sc,
         end,
         cluster,
-        fault=f"SIGKILL the node that is share coordinator (FindCoordinator key type share) of "
-        f"most main-topic share-partitions ({size.share_kills}x); down {size.down_s:g}s, "
-        "restarted, back in sync before the next",
+        fault=f"SIGKILL the node that is {ROLE[which]} ({FOUND[which]}; "
+        f"{size.share_kills}x); down {size.down_s:g}s, restarted, back in sync before the next",
         faults=len(kills),
         kills=len(kills),
         repeats=repeats(end.rec),
@@ -414,4 +439,5 @@ def test_sigkill_share_coordinator(
     assert not observer.limit_refused, observer.limit_refused
     assert len(kills) == size.share_kills
     assert all(k["in_flight"] > 0 for k in kills), kills
-    assert all(k["share_coordinator_of"] for k in kills), kills
+    if which == "share":
+        assert all(k["share_coordinator_of"] for k in kills), kills
