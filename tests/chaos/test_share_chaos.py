@@ -137,6 +137,8 @@ class ShareObserver(Observer):
         self.call_log = call_log
         self.probe = ShareProbe(bootstrap, dep.settings.share_group_id, dep.main)
         self.killed: set[int] = set()  # PIDs of the worker processes the test SIGKILLed
+        self.main_repeats = 0  # main-topic calls beyond one per id
+        self.main_repeated_ids = 0
         self.limit_accepted: list[str] = []
         self.limit_refused: list[str] = []
 
@@ -166,10 +168,15 @@ class ShareObserver(Observer):
 
     def final(self) -> Reconciliation:
         tally = self._fresh_tally(timeout_s=120)
-        plan = self._judge_limit(tally.handled)
+        calls = json_lines(self.call_log)
+        # repeats of the share group itself: a record handed out again after a kill
+        per_id = Counter(c["id"] for c in calls if c.get("t") == self.dep.main)
+        self.main_repeats = sum(n - 1 for n in per_id.values())
+        self.main_repeated_ids = sum(1 for n in per_id.values() if n > 1)
+        plan = self._judge_limit(tally.handled, calls)
         return reconcile(plan, tally)
 
-    def _judge_limit(self, handled: Counter[str]) -> list[Spec]:
+    def _judge_limit(self, handled: Counter[str], calls: list[dict[str, Any]]) -> list[Spec]:
         """The plan, with the delivery-limit dead letters that meet the rule expected dead
         (``exhausted``); the others are listed in ``limit_refused`` with the reason."""
         limited: dict[str, list[tuple[str, str]]] = defaultdict(list)
@@ -184,7 +191,7 @@ class ShareObserver(Observer):
         if not limited:
             return self.plan
         main_calls: dict[str, set[int]] = defaultdict(set)
-        for call in json_lines(self.call_log):
+        for call in calls:
             if call.get("id") in limited and call.get("t") == self.dep.main:
                 main_calls[call["id"]].add(call["pid"])
         accepted, refused = [], []
@@ -215,6 +222,10 @@ class ShareObserver(Observer):
             "share_group": self.probe.group,
             "record_lock_ms": LOCK_MS,
             "delivery_count_limit": DELIVERY_LIMIT,
+            "main_topic_repeats": {
+                "calls": self.main_repeats,
+                "records": self.main_repeated_ids,
+            },
             "limit_dead_letters_accepted": self.limit_accepted,
             "limit_dead_letters_refused": self.limit_refused,
         }
