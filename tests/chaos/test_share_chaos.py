@@ -51,7 +51,7 @@ from confluent_kafka.admin import (
 )
 
 from tests.chaos.cluster import Nodes
-from tests.chaos.fleet import CHAOS_HANDLER, Fleet
+from tests.chaos.fleet import Fleet
 from tests.chaos.ledger import DEAD, Expect, Reconciliation, Spec, make_plan, reconcile
 from tests.chaos.load import PacedProducer
 from tests.chaos.observe import CallLog, DeadLetters, Observer, id_from_json, partitions_behind
@@ -70,6 +70,7 @@ from tests.chaos.scale import (
     settle_budget,
 )
 from tests.chaos.scenario import CALL_LOG, Scenario
+from tests.chaos.share_handler import CALL_S
 from tests.chaos.share_probe import ProbeError, ShareProbe
 from tests.integration.worker_support import Deployment, deployment
 from tests.support import ON_TANSU, broker_older_than, json_lines, read_topic, wait_for
@@ -87,7 +88,9 @@ ONE_AT_CI = pytest.mark.skipif(
     reason="ci scale runs one cluster scenario (RETRYD_CHAOS_CLUSTER=all runs this one too)",
 )
 
-SHARE_ENV = {"RETRYD_CONSUMER_MODE": "share"}
+# the chaos handler, each call held 50 ms (tests/chaos/share_handler.py says why)
+SHARE_HANDLER = "python:tests.chaos.share_handler:handle"
+SHARE_ENV = {"RETRYD_CONSUMER_MODE": "share", "RETRYD_HANDLER": SHARE_HANDLER}
 PARTITIONS = 4
 LOCK_MS = 15_000  # the broker's minimum: a killed worker's records come back soonest
 DELIVERY_LIMIT = 10  # the broker's maximum (group.share.max.delivery.count.limit)
@@ -219,6 +222,7 @@ class ShareObserver(Observer):
         """The report's share-mode fields."""
         return {
             "consumer_mode": "share",
+            "handler_call_s": CALL_S,
             "share_group": self.probe.group,
             "record_lock_ms": LOCK_MS,
             "delivery_count_limit": DELIVERY_LIMIT,
@@ -258,7 +262,7 @@ def test_sigkill_share_workers(
         tmp_path,
         sequence=SEQUENCE,
         partitions=PARTITIONS,
-        handler=CHAOS_HANDLER,
+        handler=SHARE_HANDLER,
         handler_timeout_s=HANDLER_TIMEOUT_S,
         ordering="none",
         consumer_mode="share",
