@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
 from types import FrameType
 
 from retryd.config import Role, Settings
@@ -25,6 +26,7 @@ from retryd.hosting.process import (
     EXIT_SETUP,
     tune_gc,
 )
+from retryd.share.gate import LockedBreaker
 from retryd.tracing import Tracing, tracing_from_env
 
 log = logging.getLogger(__name__)
@@ -85,8 +87,15 @@ def run_share_worker(settings: Settings, role: Role, *, instance: int = 0) -> in
     try:
         events = Events([PartSink(0)])
         with_tiers = role is Role.ALL and bool(settings.plan.tier_topics)
+        # one circuit per process: both readers drive it (retryd.share.gate)
+        breaker = LockedBreaker(settings.breaker_policy, int(time.time() * 1000))
         share = build_share_worker(
-            settings, handler(), events, heartbeat=not with_tiers, tracing=tracing
+            settings,
+            handler(),
+            events,
+            heartbeat=not with_tiers,
+            tracing=tracing,
+            breaker=breaker,
         )
         if with_tiers:
             tiers = build_worker(
@@ -96,6 +105,7 @@ def run_share_worker(settings: Settings, role: Role, *, instance: int = 0) -> in
                 sinks=[PartSink(1)],
                 instance=instance,
                 tracing=tracing,
+                breaker=breaker,
             )
     except RetrydError as exc:
         log.error("cannot start worker: %s", exc)
