@@ -14,11 +14,14 @@ a share worker does not hold failed records in place as a consumer group's worke
   circuit open that long without a probe takes one early (``keepalive_s``, half of it);
 - **calls in flight when it opens finish the normal way**: a retryable failure goes to its
   tier (delayed, not lost; the tier brings it back when the service may be back);
-- **records of the batch in hand not started yet** stay in hand, unlocked by nothing: they
-  run once the circuit closes, or one of them is the next probe. One whose lock can no longer
-  hold a call goes to its first tier *without a call* (error class ``circuit_open``): no
-  delivery used, delayed like a failure. Only when its route would dead-letter it (no tier)
-  is it RELEASEd instead (one delivery; an uncalled record is never dead-lettered);
+- **records of the batch in hand not started yet** stay in hand (still acquired, costing
+  nothing yet): they run once the circuit closes, or one of them is the next probe. One whose
+  lock can no longer hold a call goes to its first tier *without a call* (error class
+  ``circuit_open``): no delivery used, delayed like a failure, and the tiers (held by the
+  circuit like any tier record) bring it back. Only when its route would dead-letter it (no
+  tier) is it RELEASEd instead (one delivery; an uncalled record is never dead-lettered). A
+  probe that needs a record polls a whole batch (``max.poll.records``: the client cannot ask
+  for one), so each failed probe may send up to a batch on to the tiers this way;
 - **half-open: one probe**: the failed record that tripped the window runs again in place as
   the confirming call (still acquired, while its lock holds a call), else the next record in
   hand or the next one polled. An answer closes the circuit, a retryable failure re-opens it.

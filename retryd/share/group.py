@@ -13,6 +13,9 @@ record; after the last delivery fails (released, or its lock expired) the broker
 or dead-letters it headers-only (KIP-1191). retryd never lets it get there: the worker
 dead-letters a record on its last delivery itself (``retryd.share.worker``).
 
+A running worker reads both again every ``REFRESH_S`` (``GroupConfigWatch``), so an
+``--alter`` of the group's configuration is honoured without a restart.
+
 A new share group starts at the end of its topics (``share.auto.offset.reset=latest``),
 where a new consumer group of retryd starts at the beginning: when the group's value is the
 broker's default, the worker sets it to ``earliest`` (and says so), so records produced before
