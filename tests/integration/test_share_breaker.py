@@ -31,7 +31,7 @@ from confluent_kafka.admin import AdminClient
 
 from retryd.handlers.base import Message
 from retryd.share.group import GroupConfigWatch, read_group_config
-from tests.integration.circuit_support import LOAD_PER_S, POISON, Load, circuit_of
+from tests.integration.circuit_support import LOAD_PER_S, POISON, Load, circuit_of, read_now
 from tests.integration.test_share_mode import SHARE_ENV, configure_group, share_deployment
 from tests.integration.test_share_mode import pytestmark as share_mark
 from tests.integration.worker_support import REPO, deployment, stop_process
@@ -163,6 +163,8 @@ def test_an_outage_stops_acquiring_and_every_record_ends_in_one_place(
     classes = {dict(r.headers).get("retryd_error_class") for r in failed}
     assert b"delivery_count_limit" not in classes
     open_from, open_to = opened["since_ms"] / 1000, closed["since_ms"] / 1000
+    copies = [r for r in read_now(bootstrap, dep.tier("4s")) if not r.value.startswith(b"poison")]
+    uncalled = [r for r in copies if dict(r.headers).get("retryd_error_class") == b"circuit_open"]
     while_open = [c for c in calls if open_from <= c[3] < open_to and not c[0]]
     report = {
         "mode": mode,
@@ -176,6 +178,8 @@ def test_an_outage_stops_acquiring_and_every_record_ends_in_one_place(
         "closed_after_recovery_s": round(open_to - up_at, 2),
         "all_handled_after_recovery_s": round(drained_at - up_at, 2),
         "max_delivery_count": max(d for _, _, d, _ in calls),
+        "tier_copies_caused_by_the_outage": len(copies),
+        "of_which_not_called_circuit_open": len(uncalled),
         "calls": len(calls),
     }
     (tmp_path / f"share-breaker-{mode}.json").write_text(json.dumps(report, indent=2))
