@@ -30,9 +30,17 @@ import pytest
 from confluent_kafka.admin import AdminClient
 
 from retryd.handlers.base import Message
+from retryd.policy.circuit import CircuitAction
+from retryd.runtime.circuit_control import write_command
+from retryd.runtime.heartbeat import read_heartbeats
 from retryd.share.group import GroupConfigWatch, read_group_config
 from tests.integration.circuit_support import LOAD_PER_S, POISON, Load, circuit_of, read_now
-from tests.integration.test_share_mode import SHARE_ENV, configure_group, share_deployment
+from tests.integration.test_share_mode import (
+    SHARE_ENV,
+    calls,
+    configure_group,
+    share_deployment,
+)
 from tests.integration.test_share_mode import pytestmark as share_mark
 from tests.integration.worker_support import REPO, deployment, stop_process
 from tests.support import read_topic, wait_for
@@ -233,3 +241,36 @@ def test_an_altered_lock_and_delivery_limit_are_read_again(bootstrap: str, tmp_p
     changed = wait_for(watch.refresh, 30, 0.5, "the altered configuration")
     assert (changed.lock_ms, changed.delivery_limit) == (20_000, 3)
     assert watch.take() == changed and watch.take() is None
+
+
+def test_role_main_reports_its_circuit_and_takes_orders(bootstrap: str, tmp_path: Path) -> None:
+    """With role main the share worker is alone in its process: it writes the circuit into its
+    heartbeat and applies the orders file itself. A record produced while an order holds the
+    circuit open is not acquired until the circuit closes."""
+    dep = share_deployment(bootstrap, tmp_path, circuit_breaker=True)
+    state_dir = dep.settings.state_dir
+    log = tmp_path / "calls.jsonl"
+    # the first probe in 48-72 s (the early one, for max_poll_interval_ms=30 s, in 15 s)
+    env = {**SHARE_ENV, "RETRYD_CIRCUIT_PROBE_S": "60"}
+    worker = dep.spawn_worker(log, "--role", "main", env=env)
+    try:
+        dep.send([{"id": "before"}])
+        wait_for(lambda: calls(log, "before"), 60, what="a record handled")
+        assert circuit_of(state_dir)["state"] == "closed"
+        write_command(state_dir, dep.settings.group_id, CircuitAction.OPEN, "ops")
+        opened = wait_for(
+            lambda: (c := circuit_of(state_dir)).get("state") == "open" and c, 30, what="open"
+        )
+        dep.send([{"id": "while-open"}])
+        produced_at = time.time()
+        # open for a few heartbeats after the record was produced, well before a probe
+        wait_for(lambda: read_heartbeats(state_dir)[0].ts >= produced_at + 3, 30, what="heartbeats")
+        assert calls(log, "while-open") == []
+        assert circuit_of(state_dir)["state"] in ("open", "half_open")
+        write_command(state_dir, dep.settings.group_id, CircuitAction.CLOSE, "ops")
+        closed_at = time.time()
+        (call,) = wait_for(lambda: calls(log, "while-open"), 60, what="handled once closed")
+        assert call["called_ms"] / 1000 >= closed_at
+        assert opened["reason"] == "opened by ops"
+    finally:
+        assert stop_process(worker) == 0
