@@ -116,6 +116,7 @@ class ShareWorker(Routes):
         self.gate = parts.gate
         self._use(parts.group)
         self._rerun: list[Acquired] = []  # the confirming probe, run again in place
+        self._beat_at = 0.0
         self.stats = BatchStats()
         self.fault: RetrydError | None = None
         self._stop = threading.Event()
@@ -359,8 +360,16 @@ class ShareWorker(Routes):
             self.events.batch(stats, started, time.monotonic())
 
     def _beat(self, state: str) -> None:
-        if self.parts.heartbeat is not None:
-            self.parts.heartbeat.beat(0, 0, state, circuit=self.gate.snapshot())
+        """This process's heartbeat, with its circuit (role main: role all's tiers worker
+        writes it otherwise), at most once per the writer's interval."""
+        hb = self.parts.heartbeat
+        if hb is None:
+            return
+        now = time.monotonic()
+        if now - self._beat_at < hb.interval_s:
+            return
+        self._beat_at = now
+        hb.beat(0, 0, state, circuit=self.gate.snapshot())
 
     def _close(self) -> None:
         if self.parts.watch is not None:
