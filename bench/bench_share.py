@@ -233,10 +233,12 @@ def lateness(args: argparse.Namespace, bootstrap: str, tmp: Path) -> None:
         _out(args.out, LATENESS_RESULTS).write_text(json.dumps(report, indent=1) + "\n")
     for system, m in got["summary"].items():
         print(
-            f"{system:7}: lateness p50 {m['lateness_p50_ms']:8.1f} ms, p99 "
-            f"{m['lateness_p99_ms']:8.1f} ms, max {m['lateness_max_ms']:8.1f} ms, early "
+            f"{system:7}: lateness p50 {m['lateness_p50_ms']:7.1f} ms, p99 "
+            f"{m['lateness_p99_ms']:7.1f} ms (worst run {m['lateness_p99_ms_worst_run']:.1f}), "
+            f"min/max {m['lateness_min_ms']:.1f}/{m['lateness_max_ms']:.1f} ms, early "
             f"{m['early']}/{m['records']}, drain {m['drain_s']:.2f} s, CPU "
-            f"{m['cpu_ms_per_record']:.3f} ms/record ({m['runs']} runs, medians)"
+            f"{m['cpu_ms_per_record']:.3f} ms/record ({m['runs']} runs: medians, min/max and "
+            "counts over all)"
         )
     print(json.dumps(got["summary"]))
 
