@@ -4,8 +4,11 @@ A share group has no committed offsets: its progress is the share-partition star
 Kafka keeps per partition (``retryd.kafka.share_offsets``), and from Kafka 4.2 the broker's
 own lag (records from the start offset to the high watermark not yet acknowledged, which
 counts records acknowledged out of order past the start offset as done). The broker's figure
-is preferred; a broker that returns none (DescribeShareGroupOffsets v0) gets high watermark -
-start offset, the high watermark from a ListOffsets request. A partition the group holds no
+is preferred: besides those records, the start offset it reports is the persisted one, which
+on Kafka 4.4 moves one acknowledgement write late (a drained partition of 10 records showed
+start offset 0, lag 0, until the next acknowledgement). A broker that returns none
+(DescribeShareGroupOffsets v0) gets high watermark - start offset, the high watermark from a
+ListOffsets request. A partition the group holds no
 state for (nothing acquired from it yet) has no lag, as ``kafka-share-groups.sh --describe``
 shows ``-``.
 
@@ -78,7 +81,8 @@ class ShareLagReader:
         self.timeout_s = timeout_s
         self.client: ShareOffsetsClient | None = None
         self.last: dict[tuple[str, int], int] = {}
-        self.failing: str | None = None
+        self.failing: str | None = None  # the error of the current outage
+        self.failures = 0  # failed reads since start
         self._admin: AdminClient | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -113,6 +117,7 @@ class ShareLagReader:
                         self.interval_s,
                     )
                 self.failing = str(exc)
+                self.failures += 1
             self._stop.wait(self.interval_s)
 
     def read_once(self) -> dict[tuple[str, int], int]:
