@@ -47,3 +47,29 @@ def test_sasl_ends_the_reader_naming_the_script(caplog: pytest.LogCaptureFixture
     (message,) = [r.getMessage() for r in caplog.records]
     assert "security.protocol=sasl_ssl is not supported" in message
     assert "kafka-share-groups.sh --describe --group g.share" in message
+
+
+def test_the_sidecar_labels_the_main_topics_lag_with_the_share_group(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from prometheus_client.metrics_core import Metric
+
+    from retryd.metrics.exposition import SidecarCollector
+
+    reported = Metric("retryd_consumer_lag", "", "gauge")
+    reported.add_sample("retryd_consumer_lag", {"topic": "orders", "partition": "0"}, 6)
+    reported.add_sample("retryd_consumer_lag", {"topic": "g.retry_5m", "partition": "1"}, 2)
+    served = {
+        share: [
+            (s.labels, s.value)
+            for s in SidecarCollector(
+                tmp_path, group="g", main_topics=["orders"], share_group=share
+            )
+            ._lag(reported)
+            .samples
+        ]
+        for share in ("g.share", None)
+    }
+    assert served["g.share"] == [
+        ({"kind": "main", "topic": "orders", "partition": "0", "share_group": "g.share"}, 6),
+        ({"kind": "tier", "topic": "g.retry_5m", "partition": "1"}, 2),
+    ]
+    assert served[None][0] == ({"kind": "main", "topic": "orders", "partition": "0"}, 6)
