@@ -207,20 +207,21 @@ def _flag(common: Mapping[str, Any], key: str, default: bool) -> bool:
 def ssl_context(common: Mapping[str, Any], group: str) -> ssl.SSLContext | None:
     """The TLS context of ``security.protocol=ssl`` from librdkafka's properties (None for
     plaintext); configurations this reader cannot honour raise ``ShareOffsetsUnsupported``."""
+    script = fallback(group, str(common.get("bootstrap.servers") or "<bootstrap>"))
     protocol = str(common.get("security.protocol", "plaintext")).strip().lower()
     if protocol == "plaintext":
         return None
     if protocol != "ssl":
         raise ShareOffsetsUnsupported(
             f"security.protocol={protocol} is not supported by retryd's share-group offsets "
-            f"reader (PLAINTEXT and SSL only); read the lag with {fallback(group)}"
+            f"reader (PLAINTEXT and SSL only); read the lag with {script}"
         )
     for key in ("ssl.keystore.location", "ssl.certificate.pem", "ssl.key.pem"):
         if common.get(key):
             raise ShareOffsetsUnsupported(
                 f"{key} is not supported by retryd's share-group offsets reader (use "
                 f"ssl.certificate.location and ssl.key.location); read the lag with "
-                f"{fallback(group)}"
+                f"{script}"
             )
     ca = common.get("ssl.ca.location")
     ca_file = ca if ca and str(ca) != "probe" else None
@@ -233,8 +234,7 @@ def ssl_context(common: Mapping[str, Any], group: str) -> ssl.SSLContext | None:
             )
     except (OSError, ssl.SSLError, ValueError) as exc:
         raise ShareOffsetsUnsupported(
-            f"cannot set up TLS from the kafka ssl.* options: {exc}; read the lag with "
-            f"{fallback(group)}"
+            f"cannot set up TLS from the kafka ssl.* options: {exc}; read the lag with {script}"
         ) from exc
     algorithm = str(common.get("ssl.endpoint.identification.algorithm", "https")).lower()
     ctx.check_hostname = algorithm == "https"

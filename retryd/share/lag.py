@@ -126,13 +126,13 @@ class ShareLagReader:
             self.client = ShareOffsetsClient(self.common, self.group, timeout_s=self.timeout_s)
         offsets = self.client.describe(self.topics)
         need = [p for p in offsets if p.lag < 0 and p.start_offset >= 0 and not p.error_code]
-        lags = lags_of(offsets, self._high_watermarks(need) if need else {})
+        lags = lags_of(offsets, self.high_watermarks(need) if need else {})
         if lags:
             self.events.lag(lags)
         self.last = lags
         return lags
 
-    def _high_watermarks(self, parts: list[SharePartitionOffset]) -> dict[tuple[str, int], int]:
+    def high_watermarks(self, parts: list[SharePartitionOffset]) -> dict[tuple[str, int], int]:
         if self._admin is None:
             self._admin = new_admin(admin_config(self.common, "share-lag", log_level=3))
         asked = {TopicPartition(p.topic, p.partition): OffsetSpec.latest() for p in parts}

@@ -13,6 +13,10 @@ share worker drains a topic while its sidecar's ``/metrics`` shows
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -105,9 +109,26 @@ def test_start_offset_and_lag_are_kafkas(bootstrap: str) -> None:
     assert sink.lags == [{(topic, 0): 6}]
     # without the broker's figure (DescribeShareGroupOffsets v0): high watermark - start
     v0 = SharePartitionOffset(topic, 0, p.start_offset, p.leader_epoch, -1)
-    high = reader._high_watermarks([v0])
+    high = reader.high_watermarks([v0])
     assert high == {(topic, 0): 10}
     assert lags_of([v0], high) == {(topic, 0): 10 - p.start_offset}
+    # the operator's view: retryd share-lag prints the same figures
+    shown = subprocess.run(
+        [sys.executable, "-m", "retryd", "share-lag", "-b", bootstrap, "--group", group, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={k: v for k, v in os.environ.items() if not k.startswith("RETRYD_")},
+        check=True,
+    )
+    assert json.loads(shown.stdout) == {
+        "group": group,
+        "topic": topic,
+        "partition": 0,
+        "start_offset": p.start_offset,
+        "lag": 6,
+        "error": None,
+    }
 
 
 def test_records_done_past_the_start_offset_count_in_the_brokers_lag(bootstrap: str) -> None:
