@@ -42,6 +42,8 @@ from retryd.worker.events import Sink
 
 log = logging.getLogger(__name__)
 
+STOP_WAIT_S = 2.0
+
 
 def lags_of(
     offsets: list[SharePartitionOffset], high: Mapping[tuple[str, int], int]
@@ -94,9 +96,12 @@ class ShareLagReader:
         return self
 
     def stop(self) -> None:
+        """Ends the thread at its next wait; waits for it briefly only (a read in progress
+        during a broker outage may take a few request timeouts: a worker's shutdown does not
+        wait for it, the thread is a daemon)."""
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(self.timeout_s * 3)
+            self._thread.join(STOP_WAIT_S)
 
     def _loop(self) -> None:
         while not self._stop.is_set():

@@ -24,6 +24,7 @@ import pytest
 from confluent_kafka import AcknowledgeType, ShareConsumer
 
 from retryd.kafka.share_offsets import ShareOffsetsClient, SharePartitionOffset
+from retryd.kafka.wire import WireError
 from retryd.share.lag import ShareLagReader, lags_of
 from retryd.worker.events import NullSink
 from tests.integration.test_share_mode import configure_group, share_deployment, spawn
@@ -182,3 +183,60 @@ def test_the_sidecar_shows_the_share_groups_lag_fall_to_zero(
             assert stop_process(worker) == 0
     assert seen[0] > 0 and seen[-1] == 0, seen
     assert seen == sorted(seen, reverse=True), seen  # it only falls
+
+
+def _certificate(tmp_path: Path) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 (its own CA) and its key, in PEM files."""
+    from tests.integration.test_sidecar_security import _self_signed
+
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    return _self_signed(tmp_path)
+
+
+def test_the_reader_speaks_tls_with_a_client_certificate(tmp_path: Path) -> None:
+    """A broker of its own with an SSL listener that requires a client certificate (Kafka's
+    TLS, PEM files): the reader finds the coordinator on that listener and reads the lag."""
+    from retryd.kafka.apache import ApacheKafkaBroker, free_port
+    from tests.support import TEST_KAFKA_OVERRIDES
+
+    cert, key = _certificate(tmp_path)
+    both = tmp_path / "broker.pem"
+    both.write_text(cert.read_text() + key.read_text())
+    plain, tls, controller = free_port(), free_port(), free_port()
+    overrides = {
+        **TEST_KAFKA_OVERRIDES,
+        "listeners": (
+            f"PLAINTEXT://127.0.0.1:{plain},SSL://127.0.0.1:{tls},"
+            f"CONTROLLER://127.0.0.1:{controller}"
+        ),
+        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{plain},SSL://127.0.0.1:{tls}",
+        "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SSL:SSL",
+        "ssl.keystore.type": "PEM",
+        "ssl.keystore.location": str(both),
+        "ssl.truststore.type": "PEM",
+        "ssl.truststore.location": str(cert),
+        "ssl.client.auth": "required",
+    }
+    broker = ApacheKafkaBroker(
+        plain, tmp_path / "broker.log", controller_port=controller, overrides=overrides
+    )
+    with broker.start():
+        topic, group = fresh(broker.bootstrap, 10)
+        acknowledge(broker.bootstrap, topic, group, 10, lambda offset: offset < 4)
+        common = {
+            "bootstrap.servers": f"127.0.0.1:{tls}",
+            "security.protocol": "SSL",
+            "ssl.ca.location": str(cert),
+            "ssl.certificate.location": str(cert),
+            "ssl.key.location": str(key),
+        }
+        reader = ShareLagReader(common, group, [topic], NullSink())
+        assert reader.read_once() == {(topic, 0): 6}
+        # the wrong CA: the handshake fails, said so (and the reader would log it, once)
+        other, _ = _certificate(tmp_path / "other")
+        with pytest.raises(WireError, match=r"TLS with 127\.0\.0\.1:\d+ failed"):
+            ShareOffsetsClient({**common, "ssl.ca.location": str(other)}, group).describe()
+        # no client certificate: the broker refuses the handshake
+        anonymous = {k: v for k, v in common.items() if not k.startswith(("ssl.cert", "ssl.key"))}
+        with pytest.raises(WireError):
+            ShareOffsetsClient(anonymous, group).describe()
