@@ -9,8 +9,11 @@ on Kafka 4.4 moves one acknowledgement write late (a drained partition of 10 rec
 start offset 0, lag 0, until the next acknowledgement). A broker that returns none
 (DescribeShareGroupOffsets v0) gets high watermark - start offset, the high watermark from a
 ListOffsets request. A partition the group holds no
-state for (nothing acquired from it yet) has no lag, as ``kafka-share-groups.sh --describe``
-shows ``-``.
+state for yet (nothing acquired from it: ``kafka-share-groups.sh --describe`` shows ``-``)
+counts every record still in the log (high watermark - log start offset) when the group starts
+at the earliest record, as retryd sets a new share group to: a worker that never acquires
+anything, from its very start, shows its lag and trips the lag alert; a group that starts at
+the latest record shows none there.
 
 The values go through ``Events.lag``, the path of group mode's lag, so they reach the
 ``retryd_consumer_lag`` gauge (``kind="main"``; the sidecar adds ``share_group``) and the
@@ -30,6 +33,7 @@ from typing import Any
 from confluent_kafka import KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
+from retryd.errors import KafkaRuntimeError
 from retryd.kafka.clients import admin_config, new_admin
 from retryd.kafka.share_offsets import (
     ShareOffsetsClient,
@@ -37,7 +41,6 @@ from retryd.kafka.share_offsets import (
     ShareOffsetsUnsupported,
     SharePartitionOffset,
 )
-from retryd.kafka.wire import WireError
 from retryd.worker.events import Sink
 
 log = logging.getLogger(__name__)
@@ -113,7 +116,7 @@ class ShareLagReader:
             except ShareOffsetsUnsupported as exc:
                 log.warning("share group %s: no lag reported: %s", self.group, exc)
                 return
-            except (ShareOffsetsError, WireError, KafkaException, OSError) as exc:
+            except (ShareOffsetsError, KafkaRuntimeError, KafkaException, OSError) as exc:
                 if self.failing is None:  # once per outage
                     log.warning(
                         "share group %s: cannot read its lag (%s); trying every %gs",
@@ -132,16 +135,50 @@ class ShareLagReader:
         offsets = self.client.describe(self.topics)
         need = [p for p in offsets if p.lag < 0 and p.start_offset >= 0 and not p.error_code]
         lags = lags_of(offsets, self.high_watermarks(need) if need else {})
+        lags.update(self.unstarted(offsets))
         if lags:
             self.events.lag(lags)
         self.last = lags
         return lags
 
     def high_watermarks(self, parts: list[SharePartitionOffset]) -> dict[tuple[str, int], int]:
+        asked = [(p.topic, p.partition) for p in parts]
+        return self._offsets(asked, OffsetSpec.latest())
+
+    def unstarted(self, offsets: list[SharePartitionOffset]) -> dict[tuple[str, int], int]:
+        """Lag of the partitions of ``topics`` the group holds no state for (module
+        docstring): high watermark - log start offset if the group starts at the earliest
+        record, else nothing."""
+        admin = self._the_admin()
+        known = {(p.topic, p.partition) for p in offsets if p.start_offset >= 0}
+        meta = admin.list_topics(timeout=self.timeout_s).topics
+        missing = [
+            (topic, partition)
+            for topic in self.topics
+            if topic in meta and meta[topic].error is None
+            for partition in meta[topic].partitions
+            if (topic, partition) not in known
+        ]
+        if not missing:
+            return {}
+        from retryd.share.group import read_group_config
+
+        if read_group_config(admin, self.group).reset != "earliest":
+            return {}
+        high = self._offsets(missing, OffsetSpec.latest())
+        low = self._offsets(missing, OffsetSpec.earliest())
+        return {k: max(0, high[k] - low[k]) for k in missing if k in high and k in low}
+
+    def _the_admin(self) -> AdminClient:
         if self._admin is None:
             self._admin = new_admin(admin_config(self.common, "share-lag", log_level=3))
-        asked = {TopicPartition(p.topic, p.partition): OffsetSpec.latest() for p in parts}
-        futures = self._admin.list_offsets(asked, request_timeout=self.timeout_s)
+        return self._admin
+
+    def _offsets(
+        self, parts: list[tuple[str, int]], spec: OffsetSpec
+    ) -> dict[tuple[str, int], int]:
+        asked = {TopicPartition(topic, partition): spec for topic, partition in parts}
+        futures = self._the_admin().list_offsets(asked, request_timeout=self.timeout_s)
         return {
             (tp.topic, tp.partition): fut.result(self.timeout_s).offset
             for tp, fut in futures.items()

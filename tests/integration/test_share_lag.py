@@ -141,12 +141,21 @@ def test_records_done_past_the_start_offset_count_in_the_brokers_lag(bootstrap: 
     assert reader.read_once() == {(topic, 0): 6}
 
 
-def test_a_group_without_state_has_no_lag(bootstrap: str) -> None:
+def test_a_group_without_state_lags_by_the_whole_log_when_it_starts_at_the_earliest(
+    bootstrap: str,
+) -> None:
+    from tests.integration.test_share_mode import configure_group
+
     topic, group = fresh(bootstrap, 3)
     assert ShareOffsetsClient({"bootstrap.servers": bootstrap}, group).describe() == []
     sink = Recorded()
-    assert ShareLagReader({"bootstrap.servers": bootstrap}, group, [topic], sink).read_once() == {}
+    reader = ShareLagReader({"bootstrap.servers": bootstrap}, group, [topic], sink)
+    assert reader.read_once() == {}  # the broker's default: it would start at the latest
     assert sink.lags == []
+    # as retryd sets a new share group: nothing acquired yet, every record still to do
+    configure_group(bootstrap, group, {"share.auto.offset.reset": "earliest"})
+    assert reader.read_once() == {(topic, 0): 3}
+    assert sink.lags == [{(topic, 0): 3}]
 
 
 def test_the_sidecar_shows_the_share_groups_lag_fall_to_zero(
