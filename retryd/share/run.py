@@ -57,6 +57,7 @@ def run_share_worker(settings: Settings, role: Role, *, instance: int = 0) -> in
     from retryd.metrics.registry import mark_build_info, mark_consumer_mode
     from retryd.metrics.sink import PrometheusSink
     from retryd.share.build import build_share_worker
+    from retryd.share.lag import start_share_lag
     from retryd.worker.assembly import build_worker
     from retryd.worker.engine import Worker
     from retryd.worker.events import Events
@@ -140,12 +141,14 @@ def run_share_worker(settings: Settings, role: Role, *, instance: int = 0) -> in
 
         thread = threading.Thread(target=run_tiers, name="retryd-tiers")
         thread.start()
+    lag = start_share_lag(settings, events)  # the share group's lag, off the poll loop
     try:
         share.run()
     except BaseException as exc:
         failures.append(exc)
         log.error("stopping: %s", exc)
     finally:
+        lag.stop()
         if tiers is not None and thread is not None:
             tiers.stop()
             thread.join()
