@@ -6,7 +6,6 @@ open circuit left uncalled, and what a refused copy becomes. Part of ``ShareWork
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,7 +16,7 @@ from retryd.handlers.base import Message
 from retryd.policy.classify import HandlerResult, Outcome
 from retryd.policy.headers import DEAD_EXHAUSTED, DEAD_NON_RETRYABLE, DEAD_REASON
 from retryd.policy.oversize import DEAD_TOO_LARGE, route_too_large
-from retryd.policy.routing import Route, RoutePlanner
+from retryd.policy.routing import Route, RoutePlanner, planning_now_ms
 from retryd.share.gate import ShareGate, not_called
 from retryd.worker.events import BatchStats
 from retryd.worker.router import Router
@@ -67,7 +66,7 @@ class Routes:
             None,
             view.headers,
             result,
-            int(time.time() * 1000),
+            planning_now_ms(),  # rounded up: a due time is never before failure + delay
         )
 
     def _last_delivery(self, rec: Acquired, count: int) -> None:
