@@ -62,6 +62,7 @@ def planning_now_ms() -> int:
     record back at its due time: never early means rounding up."""
     return -(-time.time_ns() // 1_000_000)
 
+
 # Not frozen: a frozen dataclass costs ~2 µs to build (object.__setattr__ per field) and
 # one is built per failed record. Treat instances as values: never mutate one.
 @dataclass(slots=True)
