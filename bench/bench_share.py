@@ -1,7 +1,15 @@
-"""Parallelism past partitions: one main-topic partition, a 20 ms handler, one call at a time
-per process (``max_in_flight = 1``), ``retryd worker --processes N`` through the CLI.
+"""Share mode's benchmarks (issue 26), on an existing cluster (``RETRYD_TEST_BOOTSTRAP``):
 
-    RETRYD_TEST_BOOTSTRAP=host:port python bench/bench_share.py [--records 1500] [--procs 1,4]
+    python bench/bench_share.py [--records 1500] [--procs 1,4]          # parallelism
+    python bench/bench_share.py --scenario lateness [--records 1000] [--runs 3] [--quick]
+
+``lateness``: every record fails once and is retried after 1 s, retryd against the broker
+alone (a share consumer's RELEASE; ``bench/share_lateness.py``). Writes
+``bench/results/share-lateness.json`` (``--quick``: 50 records, one run, no file unless
+``--out``).
+
+``parallelism``: one main-topic partition, a 20 ms handler, one call at a time per process
+(``max_in_flight = 1``), ``retryd worker --processes N`` through the CLI.
 
 A consumer group hands the partition to one member, so more processes change nothing; a share
 group (``consumer_mode = share``) hands its records to every member. Each call appends its
@@ -39,6 +47,7 @@ from confluent_kafka.admin import (  # noqa: E402
 
 HANDLER = "python:bench.handlers:sleep20_logged"
 RESULTS = ROOT / "bench" / "results" / "share-parallelism.json"
+LATENESS_RESULTS = ROOT / "bench" / "results" / "share-lateness.json"
 
 
 def _topics(admin: AdminClient, group: str) -> str:
@@ -143,24 +152,39 @@ def scenario(
     }
 
 
+def _out(name: str | None, default: Path) -> Path:
+    """``--out``: a path, or a bare file name in bench/results."""
+    if not name:
+        return default
+    path = Path(name)
+    return path if path.is_absolute() or path.parent != Path(".") else default.parent / path
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--records", type=int, default=1500)
+    parser.add_argument("--scenario", choices=("parallelism", "lateness"), default="parallelism")
+    parser.add_argument("--records", type=int, default=None, help="1500; lateness: 1000")
     parser.add_argument("--procs", default="1,4")
     parser.add_argument("--batches", default="1,1000", help="records per producer batch")
     parser.add_argument("--modes", default="group,share")
-    parser.add_argument("--out", default=RESULTS.name, help="file name in bench/results")
+    parser.add_argument("--runs", type=int, default=None, help="lateness: rounds (3; quick 1)")
+    parser.add_argument("--quick", action="store_true", help="lateness: 50 records, one run")
+    parser.add_argument("--out", default=None, help="a file name in bench/results, or a path")
     args = parser.parse_args()
     bootstrap = os.environ.get("RETRYD_TEST_BOOTSTRAP")
     if not bootstrap:
         raise SystemExit("set RETRYD_TEST_BOOTSTRAP to a Kafka >= 4.2 cluster")
     tmp = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-share-{uuid.uuid4().hex[:6]}"
     tmp.mkdir(parents=True)
+    if args.scenario == "lateness":
+        lateness(args, bootstrap, tmp)
+        return
+    records = args.records or 1500
     rows = []
     for batch in (int(b) for b in args.batches.split(",")):
         for mode in args.modes.split(","):
             for procs in (int(p) for p in args.procs.split(",")):
-                row = scenario(bootstrap, mode, procs, args.records, batch, tmp)
+                row = scenario(bootstrap, mode, procs, records, batch, tmp)
                 print(json.dumps(row), flush=True)
                 rows.append(row)
     for r in rows:
@@ -168,7 +192,7 @@ def main() -> None:
             b for b in rows if (b["mode"], b["producer_batch"]) == (r["mode"], r["producer_batch"])
         )
         r["vs_one_process"] = round(r["records_per_s"] / base["records_per_s"], 2)
-    (RESULTS.parent / args.out).write_text(
+    _out(args.out, RESULTS).write_text(
         json.dumps(
             {
                 "what": "1 partition, 20 ms sync handler, max_in_flight=1 per process",
@@ -184,6 +208,39 @@ def main() -> None:
             f"batches of {r['producer_batch']:5}: {r['mode']:5} x{r['processes']}: "
             f"{r['records_per_s']:7.1f} records/s ({r['vs_one_process']}x one process)"
         )
+
+
+def lateness(args: argparse.Namespace, bootstrap: str, tmp: Path) -> None:
+    """The lateness scenario (``bench/share_lateness.py``), its file and its table."""
+    from bench import share_lateness
+
+    records = args.records or (50 if args.quick else 1000)
+    runs = args.runs or (1 if args.quick else 3)
+    load = os.getloadavg()
+    got = share_lateness.run(bootstrap, records, runs, tmp)
+    report = {
+        "what": "every record fails once, retried after 1 s; lateness = second call - "
+        "(failure + 1 s); share groups on one partition",
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "broker": bootstrap,
+        "cpus": os.cpu_count(),
+        "load_average_at_start": [round(x, 2) for x in load],
+        "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
+        "records_per_run": records,
+        **got,
+    }
+    if args.out or not args.quick:
+        _out(args.out, LATENESS_RESULTS).write_text(json.dumps(report, indent=1) + "\n")
+    for system, m in got["summary"].items():
+        print(
+            f"{system:7}: lateness p50 {m['lateness_p50_ms']:7.1f} ms, p99 "
+            f"{m['lateness_p99_ms']:7.1f} ms (worst run {m['lateness_p99_ms_worst_run']:.1f}), "
+            f"min/max {m['lateness_min_ms']:.1f}/{m['lateness_max_ms']:.1f} ms, early "
+            f"{m['early']}/{m['records']}, drain {m['drain_s']:.2f} s, CPU "
+            f"{m['cpu_ms_per_record']:.3f} ms/record ({m['runs']} runs: medians, min/max and "
+            "counts over all)"
+        )
+    print(json.dumps(got["summary"]))
 
 
 if __name__ == "__main__":

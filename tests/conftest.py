@@ -42,6 +42,10 @@ SERIAL_PATHS = (
     "tests/integration/test_spark_",
     "tests/integration/test_foreign_dead_letters.py",  # shares the Spark session
 )
+# Long tests that start servers of their own and time nothing against a clock: each a group of
+# its own, so that they run beside the serial group instead of lengthening it (the Spark
+# standalone cluster's tests alone are about 6 minutes).
+OWN_GROUP_PATHS = ("tests/integration/test_spark_cluster.py",)
 ROOT = Path(__file__).resolve().parents[1]
 _BROKER = pytest.StashKey[Any]()  # the broker a parallel run's controlling process started
 
@@ -119,8 +123,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def group_of(path: str) -> str:
     """The worker group of a test file (a path relative to the repository): the serial
-    group, the browser package (one chromium and its sidecars), else the file itself."""
-    if path.startswith(SERIAL_PATHS):
+    group (but for ``OWN_GROUP_PATHS``), the browser package (one chromium and its sidecars),
+    else the file itself."""
+    if path.startswith(SERIAL_PATHS) and path not in OWN_GROUP_PATHS:
         return SERIAL_GROUP
     if path.startswith("tests/browser/"):
         return "tests/browser"

@@ -98,9 +98,10 @@ class Sidecar:
             self.common, settings.ledger_topic, settings.failed_topic, dlt_topics=dlt_topics
         )
         # share mode: the main topics are read by a share group, whose progress is not a
-        # consumer group's committed offsets (kafka-share-groups.sh --describe shows it)
+        # consumer group's committed offsets: the share workers report it (retryd.share.lag)
         measured = settings.plan.tier_topics
-        if settings.consumer_mode is not ConsumerMode.SHARE:
+        share = settings.consumer_mode is ConsumerMode.SHARE
+        if not share:
             measured = [*settings.main_topics, *measured]
         self.lag = LagMonitor(
             self.common,
@@ -117,6 +118,7 @@ class Sidecar:
             main_topics=settings.main_topics,
             workers_alive=lambda: alive_workers(settings),
             ledger=self.ledger_tail,
+            share_group=settings.share_group_id if share else None,
         )
         self._admin: AdminClient | None = None
         self._ledger_ready = False

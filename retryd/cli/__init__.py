@@ -7,6 +7,7 @@ from retryd.cli import demo as _demo  # noqa: F401
 from retryd.cli import dev as _dev  # noqa: F401
 from retryd.cli import health as _health  # noqa: F401
 from retryd.cli import replay as _replay  # noqa: F401
+from retryd.cli import share_lag as _share_lag  # noqa: F401
 from retryd.cli import sidecar as _sidecar  # noqa: F401
 from retryd.cli import spark as _spark  # noqa: F401
 from retryd.cli import topics as _topics  # noqa: F401

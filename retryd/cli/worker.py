@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from retryd.cli.app import BootstrapOption, ConfigOption, app, settings_or_exit
-from retryd.config import Role
+from retryd.config import ConsumerMode, Role
 from retryd.runtime.heartbeat import prune_stale
 from retryd.runtime.paths import prepare_metrics_env
 
@@ -55,6 +55,20 @@ def worker(
     if not settings.main_topics and settings.role is not Role.TIERS:
         typer.echo(
             "retryd: invalid configuration:\n  - main_topics: required (RETRYD_MAIN_TOPICS)",
+            err=True,
+        )
+        raise typer.Exit(2)
+    if (
+        until_drained
+        and settings.consumer_mode is ConsumerMode.SHARE
+        and settings.role is not Role.TIERS
+    ):
+        typer.echo(
+            "retryd: --until-drained does not work with consumer_mode=share: a share group hands "
+            "records to its members one by one, with no partition a member owns and reads to "
+            "its end, so no worker can tell it is done (records locked by another member, or "
+            "released, come back later). Run the share workers until stopped, and watch the "
+            "group's lag with kafka-share-groups.sh --describe",
             err=True,
         )
         raise typer.Exit(2)

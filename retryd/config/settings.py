@@ -42,6 +42,9 @@ _SECRET_KEY_RE = re.compile(
 )
 _KAFKA_KEY_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 _LEVELS = {"debug", "info", "warning", "error"}
+# consumer_mode = share with handler_timeout_s unset: under the broker's default 30 s record lock,
+# with the 2 s retryd.share.group keeps to route and acknowledge
+SHARE_HANDLER_TIMEOUT_S = 25.0
 _TOML_DATA: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
     "retryd_toml", default=None
 )
@@ -405,6 +408,18 @@ class Settings(BaseSettings):
         if value.startswith("python:") and value.count(":") != 2:
             raise ValueError("python handler must look like 'python:package.module:function'")
         return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _share_default_timeout(cls, data: Any) -> Any:
+        """In share mode a call must end within the group's record lock (the broker's default
+        is 30 s, with 2 s to route and acknowledge: ``retryd.share.group``), so an unset
+        ``handler_timeout_s`` means ``SHARE_HANDLER_TIMEOUT_S`` there: the defaults start."""
+        if isinstance(data, dict) and "handler_timeout_s" not in data:
+            mode = data.get("consumer_mode")
+            if str(getattr(mode, "value", mode)).lower() == ConsumerMode.SHARE.value:
+                return {**data, "handler_timeout_s": SHARE_HANDLER_TIMEOUT_S}
+        return data
 
     @model_validator(mode="after")
     def _consistent(self) -> Settings:

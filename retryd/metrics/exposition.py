@@ -12,7 +12,10 @@
   ``tier_template`` names the tiers. It exists even when no worker runs (the case that matters
   most). Worker processes also report lag from their librdkafka statistics (position based,
   only for partitions they own); those samples are dropped for every partition the sidecar
-  measured and kept only for the rest, so each ``{topic, partition}`` appears once.
+  measured and kept only for the rest, so each ``{topic, partition}`` appears once. In share
+  mode the main topics are read by a share group: the workers report its lag (Kafka's
+  share-group offsets, ``retryd.share.lag``), served with ``kind="main"`` and a
+  ``share_group`` label naming the group.
 - ``retryd_failed_backlog{topic}``: records in ``failed_topic`` and in each dead-letter topic
   of the error routes (measured with the lag).
 - ``retryd_workers_alive``: worker processes with a fresh heartbeat that are not stopping.
@@ -99,10 +102,12 @@ class SidecarCollector(Collector):
         main_topics: Iterable[str] = (),
         workers_alive: Callable[[], int] | None = None,
         ledger: LedgerTail | None = None,
+        share_group: str | None = None,
     ) -> None:
         """``routes``: the app's route templates, the only ``route`` label values served
         (series with other values, e.g. left in the metric files by an older sidecar, are
-        dropped); None serves what is there. ``group`` is added to every series."""
+        dropped); None serves what is there. ``group`` is added to every series;
+        ``share_group`` (share mode) to the main topics' lag."""
         self.path = metrics_path
         self.lag = lag
         self.routes = routes
@@ -110,6 +115,7 @@ class SidecarCollector(Collector):
         self.main_topics = frozenset(main_topics)
         self.workers_alive = workers_alive
         self.ledger = ledger
+        self.share_group = share_group
 
     def collect(self) -> Iterable[Metric]:
         families: list[Metric] = []
@@ -176,6 +182,8 @@ class SidecarCollector(Collector):
             part_id = int(part_label) if part_label.isdigit() else -1
             if (topic, part_id) not in measured:
                 labels = {"kind": self._kind(topic), "topic": topic, "partition": part_label}
+                if self.share_group is not None and labels["kind"] == MAIN:
+                    labels["share_group"] = self.share_group
                 gauge.samples.append(s._replace(name=LAG, labels=labels))
         return gauge
 

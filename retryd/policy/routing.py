@@ -19,6 +19,7 @@ alternate between classes is still retried at most as often as the longest seque
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -52,6 +53,14 @@ from retryd.policy.headers import (
     user_headers,
 )
 from retryd.policy.sequence import Destination, RetryPlan, is_topic_name
+
+
+def planning_now_ms() -> int:
+    """Now in whole milliseconds, rounded up: the ``now`` a failure is planned from. A due
+    time is ``now + delay`` in the millisecond header ``retry_timestamp``; rounded down, it
+    could fall up to a millisecond before the failure plus its delay, and a tier hands a
+    record back at its due time: never early means rounding up."""
+    return -(-time.time_ns() // 1_000_000)
 
 
 # Not frozen: a frozen dataclass costs ~2 µs to build (object.__setattr__ per field) and

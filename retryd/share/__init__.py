@@ -1,8 +1,11 @@
 """Share mode (``consumer_mode = share``): the main topics read by a Kafka share group
 (KIP-932), records acknowledged one by one, failures moved through retryd's tiers.
 
-- ``group``: the share group's configuration (record lock, delivery limit), checked at start;
+- ``group``: the share group's configuration (record lock, delivery limit), checked at start
+  and read again while running;
 - ``calls``: handler calls at most ``max_in_flight`` at a time;
-- ``worker``: the poll/acknowledge loop and each outcome;
+- ``worker``: the poll/acknowledge loop and each outcome; ``routes``: copies to the tiers
+  and ``failed_topic``;
+- ``gate``: the outage circuit breaker's share side (group mode's ``Breaker`` decides);
 - ``build``: the parts composed; ``run``: the process (with role all's tiers worker).
 """

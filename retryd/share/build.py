@@ -8,6 +8,7 @@ checks that every topic exists, before it joins the group.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from confluent_kafka import KafkaException, ShareConsumer
@@ -22,10 +23,18 @@ from retryd.kafka.clients import (
     new_admin,
     new_producer,
 )
+from retryd.policy.circuit import Breaker
 from retryd.policy.routing import RoutePlanner
+from retryd.runtime.circuit_control import CommandReader
 from retryd.runtime.heartbeat import HeartbeatWriter
 from retryd.share.calls import Calls
-from retryd.share.group import check_lock, read_group_config, start_from_earliest
+from retryd.share.gate import ShareGate
+from retryd.share.group import (
+    GroupConfigWatch,
+    check_lock,
+    read_group_config,
+    start_from_earliest,
+)
 from retryd.share.worker import ShareParts, ShareWorker
 from retryd.tracing import NO_TRACING, Tracing
 from retryd.worker.assembly import wrap_calls
@@ -53,6 +62,7 @@ def share_consumer_config(settings: Settings) -> dict[str, Any]:
         **common_config(settings),
         "group.id": settings.share_group_id,
         "share.acknowledgement.mode": "explicit",
+        "max.poll.interval.ms": settings.max_poll_interval_ms,
         "logger": librdkafka_log,
     }
 
@@ -64,10 +74,12 @@ def build_share_worker(
     *,
     heartbeat: bool = True,
     tracing: Tracing = NO_TRACING,
+    breaker: Breaker | None = None,
 ) -> ShareWorker:
     """The share worker for ``settings``; ``heartbeat=False`` when another part of the process
-    (role all's tiers worker) writes this process's heartbeat. ``tracing`` is shut down by
-    whoever made it (``retryd.share.run``)."""
+    (role all's tiers worker) writes this process's heartbeat, and then applies the circuit
+    orders and publishes the circuit it shares with it (``breaker``: ``retryd.share.gate``).
+    ``tracing`` is shut down by whoever made it (``retryd.share.run``)."""
     if is_batch_handler(handler):
         raise ConfigError(["consumer_mode=share calls the handler with one record at a time"])
     plan = settings.plan
@@ -89,6 +101,15 @@ def build_share_worker(
         beat = HeartbeatWriter(settings.state_dir, "main", settings.group_id)
         beat.beat(0, 0, "starting", force=True)
     calls = Calls(handler, settings.max_in_flight, call_s, settings.max_abandoned_handlers)
+    gate = ShareGate(
+        breaker or Breaker(settings.breaker_policy, int(time.time() * 1000)),
+        events,
+        CommandReader(settings.state_dir, settings.group_id),
+        owner=heartbeat,
+        # librdkafka's share consumer leaves the group past max.poll.interval.ms without a poll
+        keepalive_s=settings.max_poll_interval_ms / 2000,
+    )
+    watch = GroupConfigWatch(admin, group, call_s, settings.handler_timeout_s)
     return ShareWorker(
         ShareParts(
             settings=settings,
@@ -100,6 +121,8 @@ def build_share_worker(
             events=events,
             heartbeat=beat,
             quick=quick,
+            gate=gate,
+            watch=watch,
             tracing=tracing,
         )
     )

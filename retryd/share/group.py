@@ -13,6 +13,9 @@ record; after the last delivery fails (released, or its lock expired) the broker
 or dead-letters it headers-only (KIP-1191). retryd never lets it get there: the worker
 dead-letters a record on its last delivery itself (``retryd.share.worker``).
 
+A running worker reads both again every ``REFRESH_S`` (``GroupConfigWatch``), so an
+``--alter`` of the group's configuration is honoured without a restart.
+
 A new share group starts at the end of its topics (``share.auto.offset.reset=latest``),
 where a new consumer group of retryd starts at the beginning: when the group's value is the
 broker's default, the worker sets it to ``earliest`` (and says so), so records produced before
@@ -22,6 +25,8 @@ the first worker joined are not skipped.
 from __future__ import annotations
 
 import logging
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from confluent_kafka import KafkaException
@@ -33,7 +38,7 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
-from retryd.errors import ConfigError, KafkaRuntimeError
+from retryd.errors import ConfigError, KafkaRuntimeError, RetrydError
 
 log = logging.getLogger(__name__)
 
@@ -85,8 +90,7 @@ def read_group_config(admin: AdminClient, group: str) -> ShareGroupConfig:
 
 def check_lock(config: ShareGroupConfig, call_s: float, handler_timeout_s: float) -> None:
     """Refuse a call bound that may outlast the record lock (module docstring)."""
-    lock_s = config.lock_ms / 1000
-    if call_s + LOCK_MARGIN_S < lock_s:
+    if lock_holds(config, call_s):
         return
     quick = "" if call_s == handler_timeout_s else f" ({call_s:g}s with its quick retries)"
     raise ConfigError(
@@ -133,3 +137,125 @@ def start_from_earliest(admin: AdminClient, config: ShareGroupConfig) -> None:
         RESET,
         config.reset,
     )
+
+
+REFRESH_S = 60.0  # how often a running worker reads the group's configuration again
+
+
+class GroupConfigWatch:
+    """The group's lock and delivery limit, read again every ``REFRESH_S`` by a thread of its
+    own, so a ``kafka-configs --alter`` of ``share.record.lock.duration.ms`` or
+    ``share.delivery.count.limit`` is honoured without a restart.
+
+    The poll thread never waits for the broker: it ``take``\\ s a changed configuration between
+    two batches (a record's lock is the one in force when it was acquired, so a batch in hand
+    keeps the values it was polled with). A read that fails keeps the values in force and is
+    logged once, until a read works again. A lock shortened below what a call needs
+    (``check_lock``) is logged as an error, and the worker carries on: it does not exit
+    (``retryd.share.worker`` then starts a record while half its lock is left, rather than
+    release every record until its delivery limit)."""
+
+    def __init__(
+        self,
+        admin: AdminClient,
+        config: ShareGroupConfig,
+        call_s: float,
+        handler_timeout_s: float,
+        *,
+        interval_s: float = REFRESH_S,
+        read: Callable[[AdminClient, str], ShareGroupConfig] = read_group_config,
+    ) -> None:
+        self.admin = admin
+        self.current = config
+        self.call_s = call_s
+        self.handler_timeout_s = handler_timeout_s
+        self.interval_s = interval_s
+        self._read = read
+        self._lock = threading.Lock()
+        self._changed: ShareGroupConfig | None = None
+        self.failing = False  # the last read failed (logged once)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="retryd-share-config", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.refresh()
+
+    def refresh(self) -> ShareGroupConfig | None:
+        """Read the configuration once; returns it when it changed (else None)."""
+        group = self.current.group
+        try:
+            fresh = self._read(self.admin, group)
+        except (RetrydError, KafkaException) as exc:
+            if not self.failing:
+                self.failing = True
+                log.warning(
+                    "share group %s: cannot read its configuration again (%s); the worker "
+                    "keeps %s=%d and %s=%d",
+                    group,
+                    exc,
+                    LOCK,
+                    self.current.lock_ms,
+                    LIMIT,
+                    self.current.delivery_limit,
+                )
+            return None
+        if self.failing:
+            self.failing = False
+            log.info("share group %s: its configuration is read again", group)
+        old = self.current
+        if (fresh.lock_ms, fresh.delivery_limit) == (old.lock_ms, old.delivery_limit):
+            return None
+        log.warning(
+            "share group %s: %s %d -> %d, %s %d -> %d (from the next poll)",
+            group,
+            LOCK,
+            old.lock_ms,
+            fresh.lock_ms,
+            LIMIT,
+            old.delivery_limit,
+            fresh.delivery_limit,
+        )
+        if not lock_holds(fresh, self.call_s):
+            log.error(
+                "share group %s: %s=%d no longer holds a handler call (handler_timeout_s=%g, "
+                "%gs with its quick retries, plus %gs): a call that outlasts it is handed to "
+                "another consumer while it runs. The worker carries on, starting a record "
+                "while half its lock is left; raise the lock again or lower handler_timeout_s",
+                group,
+                LOCK,
+                fresh.lock_ms,
+                self.handler_timeout_s,
+                self.call_s,
+                LOCK_MARGIN_S,
+            )
+        self.current = fresh
+        with self._lock:
+            self._changed = fresh
+        return fresh
+
+    def take(self) -> ShareGroupConfig | None:
+        """The configuration read since the last ``take``, if it changed (the poll thread)."""
+        with self._lock:
+            changed, self._changed = self._changed, None
+        return changed
+
+
+def lock_holds(config: ShareGroupConfig, call_s: float) -> bool:
+    """Does the group's lock hold a whole call, its routing and its acknowledgement?"""
+    return call_s + LOCK_MARGIN_S < config.lock_ms / 1000
+
+
+def start_budget_s(config: ShareGroupConfig, call_s: float) -> float:
+    """How much of its lock a record must have left to start: a whole call and the margin,
+    or (a lock shortened below that while running) half the lock."""
+    if lock_holds(config, call_s):
+        return call_s + LOCK_MARGIN_S
+    return config.lock_ms / 2000

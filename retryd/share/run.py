@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
 from types import FrameType
 
 from retryd.config import Role, Settings
@@ -25,6 +26,7 @@ from retryd.hosting.process import (
     EXIT_SETUP,
     tune_gc,
 )
+from retryd.share.gate import LockedBreaker
 from retryd.tracing import Tracing, tracing_from_env
 
 log = logging.getLogger(__name__)
@@ -55,6 +57,7 @@ def run_share_worker(settings: Settings, role: Role, *, instance: int = 0) -> in
     from retryd.metrics.registry import mark_build_info, mark_consumer_mode
     from retryd.metrics.sink import PrometheusSink
     from retryd.share.build import build_share_worker
+    from retryd.share.lag import start_share_lag
     from retryd.worker.assembly import build_worker
     from retryd.worker.engine import Worker
     from retryd.worker.events import Events
@@ -85,8 +88,15 @@ def run_share_worker(settings: Settings, role: Role, *, instance: int = 0) -> in
     try:
         events = Events([PartSink(0)])
         with_tiers = role is Role.ALL and bool(settings.plan.tier_topics)
+        # one circuit per process: both readers drive it (retryd.share.gate)
+        breaker = LockedBreaker(settings.breaker_policy, int(time.time() * 1000))
         share = build_share_worker(
-            settings, handler(), events, heartbeat=not with_tiers, tracing=tracing
+            settings,
+            handler(),
+            events,
+            heartbeat=not with_tiers,
+            tracing=tracing,
+            breaker=breaker,
         )
         if with_tiers:
             tiers = build_worker(
@@ -96,6 +106,7 @@ def run_share_worker(settings: Settings, role: Role, *, instance: int = 0) -> in
                 sinks=[PartSink(1)],
                 instance=instance,
                 tracing=tracing,
+                breaker=breaker,
             )
     except RetrydError as exc:
         log.error("cannot start worker: %s", exc)
@@ -130,12 +141,14 @@ def run_share_worker(settings: Settings, role: Role, *, instance: int = 0) -> in
 
         thread = threading.Thread(target=run_tiers, name="retryd-tiers")
         thread.start()
+    lag = start_share_lag(settings, events)  # the share group's lag, off the poll loop
     try:
         share.run()
     except BaseException as exc:
         failures.append(exc)
         log.error("stopping: %s", exc)
     finally:
+        lag.stop()
         if tiers is not None and thread is not None:
             tiers.stop()
             thread.join()

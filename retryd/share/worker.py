@@ -37,6 +37,11 @@ delivery: a worker that keeps taking more than it can run within a lock (whole p
 batches of slow records) brings records to their last delivery, so each batch's releases are
 logged and counted (``retryd_share_acknowledgements_total{type="release"}``).
 
+**The outage circuit breaker** (``retryd.share.gate``): while the circuit is open the loop
+does not poll, records of the batch in hand not started yet wait for it (or go on to their tier
+uncalled when their lock runs out), and a retryable failure that trips the window runs again in
+place as the confirming call.
+
 On SIGTERM the batch in hand is finished (its calls are bounded by their timeout), records not
 started are RELEASEd, and the consumer is closed (which sends the acknowledgements).
 """
@@ -48,45 +53,36 @@ import queue
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import AcknowledgeType, KafkaError, KafkaException
 
-from retryd.errors import DeliveryError, HungHandlersError, KafkaRuntimeError, RetrydError
+from retryd.errors import HungHandlersError, KafkaRuntimeError, RetrydError
 from retryd.handlers.base import Message
 from retryd.handlers.quick import QuickCounts
 from retryd.metrics.registry import SHARE_ACKNOWLEDGEMENTS
-from retryd.policy.classify import HandlerResult, Outcome
-from retryd.policy.headers import DEAD_EXHAUSTED, DEAD_NON_RETRYABLE, DEAD_REASON
-from retryd.policy.oversize import DEAD_TOO_LARGE, route_too_large
-from retryd.policy.routing import Route, RoutePlanner
+from retryd.policy.classify import Outcome
+from retryd.policy.routing import RoutePlanner
 from retryd.runtime.heartbeat import HeartbeatWriter
 from retryd.share.calls import Calls, Finished
-from retryd.share.group import LOCK_MARGIN_S, ShareGroupConfig
+from retryd.share.gate import ShareGate
+from retryd.share.group import GroupConfigWatch, ShareGroupConfig, start_budget_s
+from retryd.share.routes import Acquired, Routes
 from retryd.tracing import NO_TRACING, Tracing
 from retryd.worker.events import BatchStats, Events
 from retryd.worker.router import Router
-from retryd.worker.settle import TOO_LARGE_CODES, TRANSIENT_CODES
 
 log = logging.getLogger(__name__)
 
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
 ACK_WAIT_S = 0.002  # wait for a call while copies' acknowledgements are awaited
 CALL_WAIT_S = 0.05  # wait for a call otherwise (a call's end wakes it at once)
-LIMIT_CLASS = "delivery_count_limit"
 GAUGE_S = 0.2  # retryd_handler_inflight is published at most this often
-
-
-@dataclass(slots=True, eq=False)
-class Acquired:
-    """One record of the batch in hand."""
-
-    msg: Any  # the client's message
-    view: Message
-    acquired: float  # monotonic: when the poll returned it (its lock started a bit earlier)
-    result: HandlerResult | None = None
-    route: Route | None = None
-    done: bool = field(default=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,10 +96,12 @@ class ShareParts:
     events: Events
     heartbeat: HeartbeatWriter | None  # None: another part of the process writes it
     quick: QuickCounts  # quick retries in place (quick=<n>@<delay>), counted by the handler
+    gate: ShareGate  # the outage circuit breaker (retryd.share.gate)
+    watch: GroupConfigWatch | None = None  # the group's configuration, read again meanwhile
     tracing: Tracing = NO_TRACING  # stamps a routed copy with its call's traceparent
 
 
-class ShareWorker:
+class ShareWorker(Routes):
     def __init__(self, parts: ShareParts) -> None:
         self.parts = parts
         s = parts.settings
@@ -115,8 +113,10 @@ class ShareWorker:
         self.events = parts.events
         self.topics = list(s.main_topics)
         self.max_in_flight = s.max_in_flight
-        self.lock_s = parts.group.lock_ms / 1000
-        self.limit = parts.group.delivery_limit
+        self.gate = parts.gate
+        self._use(parts.group)
+        self._rerun: list[Acquired] = []  # the confirming probe, run again in place
+        self._beat_at = 0.0
         self.stats = BatchStats()
         self.fault: RetrydError | None = None
         self._stop = threading.Event()
@@ -129,6 +129,12 @@ class ShareWorker:
     def stop(self) -> None:
         """Finish the batch in hand, then close. Signal-safe."""
         self._stop.set()
+
+    def _use(self, group: ShareGroupConfig) -> None:
+        """The group's lock and delivery limit (at start, and as re-read: between batches)."""
+        self.lock_s = group.lock_ms / 1000
+        self.limit = group.delivery_limit
+        self.budget_s = start_budget_s(group, self.calls.timeout_s)
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> None:
@@ -145,9 +151,20 @@ class ShareWorker:
             self.limit,
             s.group_id,
         )
+        if self.parts.watch is not None:
+            self.parts.watch.start()
+        gate = self.gate
         try:
             while not self._stop.is_set() and self.fault is None:
                 self._beat("running")
+                now_ms = _now_ms()
+                gate.tick(now_ms)
+                if self.parts.watch is not None and (group := self.parts.watch.take()):
+                    self._use(group)
+                if not gate.may_poll(now_ms):  # open: acquire nothing (retryd.share.gate)
+                    self._stop.wait(gate.idle_s(now_ms))
+                    continue
+                gate.polled()
                 try:
                     batch = consumer.poll(s.poll_timeout_s)
                 except KafkaException as exc:
@@ -192,23 +209,34 @@ class ShareWorker:
         """Every record of the batch acknowledged (or the worker stopping on a fault)."""
         waiting = deque(records)
         self._open = len(records)
-        calls, router = self.calls, self.router
-        call_s, lock_s = calls.timeout_s, self.lock_s
-        late = 0
+        self._rerun.clear()
+        calls, router, gate = self.calls, self.router, self.gate
+        budget_s, lock_s = self.budget_s, self.lock_s
+        late = uncalled = 0
         while self._open and self.fault is None:
             now = time.monotonic()
+            if self._rerun and calls.running < self.max_in_flight:
+                calls.start(self._rerun[0], self._rerun[0].view)
+                self._rerun.clear()
+            if waiting and not gate.closed:  # records in hand wait for the circuit...
+                for rec in [r for r in waiting if now + budget_s > r.acquired + lock_s]:
+                    waiting.remove(rec)  # ...while their lock holds a call (gate module)
+                    uncalled += self._uncalled(rec)
             while waiting and calls.running < self.max_in_flight:
-                rec = waiting.popleft()
+                rec = waiting[0]
                 count = rec.msg.delivery_count() or 1
                 if count >= self.limit and count > 1:
-                    self._last_delivery(rec, count)
+                    self._last_delivery(waiting.popleft(), count)
                 elif self._stop.is_set():
-                    self._ack(rec, AcknowledgeType.RELEASE)
-                elif now + call_s + LOCK_MARGIN_S > rec.acquired + lock_s:
-                    self._ack(rec, AcknowledgeType.RELEASE)  # no time left in its lock
+                    self._ack(waiting.popleft(), AcknowledgeType.RELEASE)
+                elif now + budget_s > rec.acquired + lock_s:
+                    self._ack(waiting.popleft(), AcknowledgeType.RELEASE)  # no time left
                     late += 1
+                elif gate.may_start(rec):
+                    calls.start(waiting.popleft(), rec.view)
                 else:
-                    calls.start(rec, rec.view)
+                    break  # the circuit is open: it waits in hand
+            gate.tick(_now_ms())
             self._gauge(now)
             self._beat("running")  # (rate-limited by the writer) a long batch stays alive
             self._wait(ACK_WAIT_S if router.inflight else CALL_WAIT_S)
@@ -224,13 +252,21 @@ class ShareWorker:
         if late:
             log.warning(
                 "%d of %d records released unhandled: after waiting for a free call their "
-                "lock (%gs) could no longer hold one (%gs + %gs); raise max_in_flight or the "
+                "lock (%gs) could no longer hold one (%gs); raise max_in_flight or the "
                 "group's share.record.lock.duration.ms, or lower handler_timeout_s",
                 late,
                 len(records),
                 lock_s,
-                call_s,
-                LOCK_MARGIN_S,
+                budget_s,
+            )
+        if uncalled:
+            log.warning(
+                "%d of %d records were not called while the circuit was open: their lock (%gs) "
+                "ran out, so they went on to their tier (or were released where no tier "
+                "follows), using no delivery",
+                uncalled,
+                len(records),
+                lock_s,
             )
         self._gauge(None)
         self.events.abandoned(calls.abandoned)
@@ -275,95 +311,22 @@ class ShareWorker:
             dropped = result.outcome is Outcome.DROP
             self.stats.outcomes[(rec.view.topic, "dropped" if dropped else "success")] += 1
             self.stats.answered += 1
+            self.gate.answered(rec, _now_ms())
             self._ack(rec, AcknowledgeType.ACCEPT)
             return
         route = self._plan(rec, result)
+        if result.outcome is not Outcome.RETRY:
+            self.gate.answered(rec, _now_ms())  # the service answered: not an outage
+        elif self.gate.failed(rec, result, route.dead_reason, _now_ms(), rec.view.where):
+            if time.monotonic() + self.budget_s <= rec.acquired + self.lock_s:
+                self._rerun.append(rec)  # the confirming call: this record again, in place
+                return
+            self.gate.cannot_rerun(rec)
         if route.is_dead:
             log.info(
                 "%s dead-lettered (%s): %s", rec.view.where, route.dead_reason, result.error_class
             )
         self._route(rec, route)
-
-    def _plan(self, rec: Acquired, result: HandlerResult) -> Route:
-        """Where a record's failure sends it: the route planner's verdict for a first attempt
-        (a share-group record has no retry number: its retries are tier copies)."""
-        view = rec.view
-        return self.planner.route(
-            view.topic,
-            view.partition,
-            view.offset,
-            view.timestamp,
-            0,
-            None,
-            view.headers,
-            result,
-            int(time.time() * 1000),
-        )
-
-    def _last_delivery(self, rec: Acquired, count: int) -> None:
-        """The broker's last delivery of this record: dead-letter it (module docstring)."""
-        message = (
-            f"delivered {count} times (share.delivery.count.limit={self.limit}): the earlier "
-            "deliveries never finished (their worker stopped or their lock expired)"
-        )
-        rec.result = HandlerResult(Outcome.DEAD, LIMIT_CLASS, message)
-        route = self._plan(rec, rec.result)
-        if route.dead_reason == DEAD_NON_RETRYABLE:  # not the handler's verdict: exhausted
-            route.headers = [
-                (k, DEAD_EXHAUSTED.encode("ascii") if k == DEAD_REASON else v)
-                for k, v in route.headers
-            ]
-            route.dead_reason = DEAD_EXHAUSTED
-        log.warning("%s: %s; dead-lettered to %s", rec.view.where, message, route.topic)
-        self._route(rec, route)
-
-    def _route(self, rec: Acquired, route: Route) -> None:
-        if rec.route is None:
-            self.parts.tracing.stamp(rec.view, route)
-        rec.route = route
-        self.router.send(route, rec.msg.key(), rec.msg.value(), rec.view.partition, rec)
-
-    def _settle_reports(self) -> None:
-        router = self.router
-        router.poll()
-        reports = router.reports
-        while reports:
-            report = reports.popleft()
-            rec: Acquired = report.context
-            if report.error is None:
-                reason = report.route.dead_reason
-                topic = rec.view.topic
-                if reason is None:
-                    self.stats.outcomes[(topic, "retried")] += 1
-                else:
-                    self.stats.outcomes[(topic, "dead")] += 1
-                    self.stats.dead[reason] += 1
-                self._ack(rec, AcknowledgeType.ACCEPT)
-            else:
-                self._refused(rec, report.route, report.error)
-
-    def _refused(self, rec: Acquired, route: Route, err: KafkaError) -> None:
-        """A copy not delivered: again when the cluster said "not now"; without its payload
-        when too large; anything else stops the worker, the record unacknowledged (the broker
-        hands it out again after its lock)."""
-        if err.code() in TRANSIENT_CODES and not err.fatal():
-            log.warning(
-                "%s: copy to %s not delivered (%s): again", rec.view.where, route.topic, err.str()
-            )
-            self._route(rec, route)
-            return
-        if err.code() in TOO_LARGE_CODES and route.dead_reason != DEAD_TOO_LARGE:
-            size = sum(len(v or b"") + len(k) for k, v in route.headers)
-            size += len(rec.msg.value() or b"") + len(rec.msg.key() or b"")
-            smaller = route_too_large(self.planner.plan, route, size, err.str())
-            rec.route = smaller
-            self.router.send(smaller, rec.msg.key(), None, rec.view.partition, rec)
-            return
-        self.fault = DeliveryError(
-            f"routed copy of {rec.view.where} to {route.topic} failed: {err.str()}; the "
-            "record stays unacknowledged and is handed out again after its lock"
-        )
-        log.error("%s", self.fault)
 
     def _ack(self, rec: Acquired, kind: AcknowledgeType) -> None:
         if rec.done:
@@ -397,10 +360,20 @@ class ShareWorker:
             self.events.batch(stats, started, time.monotonic())
 
     def _beat(self, state: str) -> None:
-        if self.parts.heartbeat is not None:
-            self.parts.heartbeat.beat(0, 0, state)
+        """This process's heartbeat, with its circuit (role main: role all's tiers worker
+        writes it otherwise), at most once per the writer's interval."""
+        hb = self.parts.heartbeat
+        if hb is None:
+            return
+        now = time.monotonic()
+        if now - self._beat_at < hb.interval_s:
+            return
+        self._beat_at = now
+        hb.beat(0, 0, state, circuit=self.gate.snapshot())
 
     def _close(self) -> None:
+        if self.parts.watch is not None:
+            self.parts.watch.stop()
         try:
             if self.router.flush(10.0):
                 log.error("copies not acknowledged at shutdown: their records are redone")

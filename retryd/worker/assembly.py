@@ -126,10 +126,14 @@ def build_worker(
     instance: int = 0,
     reader_factory: ConsumerFactory | None = None,
     tracing: Tracing | None = None,
+    breaker: Breaker | None = None,
 ) -> Worker:
     """The worker for ``settings`` and ``handler``, with every part built and connected.
     ``instance`` is the process slot (``--processes``): part of the transactional id.
-    ``tracing`` defaults to what the OTEL_* variables ask for (``retryd.tracing``)."""
+    ``tracing`` defaults to what the OTEL_* variables ask for (``retryd.tracing``).
+    ``breaker``: the circuit this worker shares with the main topics' share reader of its
+    process (share mode's role all, ``retryd.share.gate``), which counts their first calls,
+    so this worker's tier calls do not count."""
     if tracing is None:
         tracing = tracing_from_env(install_global=True)  # handlers' own spans go along
     role = role or settings.role
@@ -195,13 +199,13 @@ def build_worker(
 
     router = Router(producer, counts, alone)
     circuit = Circuit(
-        Breaker(settings.breaker_policy, int(time.time() * 1000)),
+        breaker or Breaker(settings.breaker_policy, int(time.time() * 1000)),
         scheduler,
         book,
         lifecycle,
         events,
         CommandReader(settings.state_dir, settings.group_id),
-        count_tiers=role is Role.TIERS,
+        count_tiers=role is Role.TIERS and breaker is None,
         # a probe's verdict comes within its longest call, the async cancel grace and a margin
         probe_timeout_s=pool.timeout_s + ASYNC_CANCEL_GRACE_S + 2.0,
     )

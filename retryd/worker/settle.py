@@ -34,7 +34,7 @@ from confluent_kafka import KafkaError
 from retryd.errors import DeliveryError
 from retryd.policy.classify import Outcome
 from retryd.policy.oversize import DEAD_TOO_LARGE, route_too_large
-from retryd.policy.routing import Route, RoutePlanner, route_malformed
+from retryd.policy.routing import Route, RoutePlanner, planning_now_ms, route_malformed
 from retryd.tracing import NO_TRACING, Tracing
 from retryd.worker.book import PartitionBook
 from retryd.worker.circuit import Circuit
@@ -127,7 +127,7 @@ class Settler:
             return 0
         if limit is None:
             limit = len(completions)
-        now_ms = int(time.time() * 1000)
+        now_ms = planning_now_ms()
         circuit = self.circuit
         if answered:
             retried_ok = stats.retried_ok - self._retried_fed
@@ -236,7 +236,7 @@ class Settler:
         strict = self.strict
         if strict is not None and w.part.strict and w.chain is not None:
             w.route = route  # what the record's settling counts
-            w.steps = strict.steps_for(w, route, int(time.time() * 1000))
+            w.steps = strict.steps_for(w, route, planning_now_ms())
             return self._step(w)
         if self._oversize:
             seen = self._oversize.get((w.msg.topic, w.msg.partition, w.offset))

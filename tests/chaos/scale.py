@@ -74,6 +74,8 @@ class Sizes:
     strict_keys: int
     strict_kills: int
     strict_kill_every_s: tuple[float, float]
+    # strict order may redo at most ``factor x none's + slack`` records (test_strict_kills.py)
+    strict_redo_bound: tuple[int, int]
     # consumer_mode = share (test_share_chaos.py): ``share_workers`` worker processes of one
     # share group, a random one SIGKILLed every ``share_kill_every_s`` and restarted
     share_messages: int = 1_500
@@ -125,6 +127,7 @@ SIZES = {
         share_workers=3,
         share_kills=12,
         share_kill_every_s=(3.0, 5.0),
+        strict_redo_bound=(2, 20),  # the target: within 2x of none's
     ),
     "ci": Sizes(
         kill_messages=3_000,
@@ -168,6 +171,11 @@ SIZES = {
         share_workers=3,
         share_kills=4,
         share_kill_every_s=(2.0, 3.0),
+        # Two small counts from 4 kills each: the ratio spread 0.86-2.84x over 12 runs of
+        # this size on the shared 2-core machine (median about 1.9x; at full size 0.66x). The
+        # CI size catches a regression in kind (a crash redoing whole chains: 3.9x and up
+        # when blocked records waited a minute); the full size checks the 2x target.
+        strict_redo_bound=(3, 40),
     ),
 }
 

@@ -20,6 +20,7 @@ KAFKA_COMMANDS = {
     "spark archive",
     "spark replay",
     "demo traffic",
+    "share-lag",
 }
 
 

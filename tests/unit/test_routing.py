@@ -60,3 +60,16 @@ def test_target_partition_same_number_when_it_exists_else_keyed() -> None:
     assert target_partition(3, 8) == 3
     assert target_partition(3, 2) is None
     assert target_partition(0, None) is None
+
+
+def test_the_planning_clock_rounds_up_so_a_due_time_is_never_early() -> None:
+    import time
+
+    from retryd.policy.routing import planning_now_ms
+
+    for _ in range(1000):
+        before_ns = time.time_ns()
+        now_ms = planning_now_ms()
+        # a due time now_ms + delay is at or after the failure (before_ns) plus the delay
+        assert now_ms * 1_000_000 >= before_ns
+        assert now_ms * 1_000_000 - time.time_ns() < 1_000_000

@@ -43,3 +43,27 @@ def test_share_mode_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> Non
     with pytest.raises(ConfigError) as caught:
         load_settings()
     assert caught.value.problems[0].startswith("consumer_mode='queue'")
+
+
+def test_an_unset_handler_timeout_fits_the_brokers_default_lock_in_share_mode(
+    tmp_path, monkeypatch
+) -> None:
+    from retryd.config.settings import SHARE_HANDLER_TIMEOUT_S
+    from retryd.share.group import LOCK_MARGIN_S
+
+    # the broker's default record lock is 30 s: the defaults must pass the start-up check
+    assert SHARE_HANDLER_TIMEOUT_S + LOCK_MARGIN_S < 30
+    share = {"consumer_mode": "share", "ordering": "none"}
+    assert load_settings(**share).handler_timeout_s == SHARE_HANDLER_TIMEOUT_S
+    assert load_settings().handler_timeout_s == 30.0  # group mode keeps its default
+    assert load_settings(**share, handler_timeout_s=10).handler_timeout_s == 10.0
+    config = tmp_path / "retryd.toml"
+    config.write_text('consumer_mode = "share"\nordering = "none"\n')
+    assert load_settings(config).handler_timeout_s == SHARE_HANDLER_TIMEOUT_S
+    config.write_text('consumer_mode = "share"\nordering = "none"\nhandler_timeout_s = 5\n')
+    assert load_settings(config).handler_timeout_s == 5.0
+    monkeypatch.setenv("RETRYD_CONSUMER_MODE", "share")
+    monkeypatch.setenv("RETRYD_ORDERING", "none")
+    assert load_settings().handler_timeout_s == SHARE_HANDLER_TIMEOUT_S
+    monkeypatch.setenv("RETRYD_HANDLER_TIMEOUT_S", "12")
+    assert load_settings().handler_timeout_s == 12.0

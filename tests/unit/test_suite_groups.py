@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.conftest import ROOT, SERIAL_GROUP, group_of
+from tests.conftest import OWN_GROUP_PATHS, ROOT, SERIAL_GROUP, group_of
 
 
 def test_timed_and_fault_injection_tests_share_the_serial_group() -> None:
@@ -30,10 +30,17 @@ def test_other_tests_group_by_file_and_the_browser_tests_by_package() -> None:
 
 def test_every_module_using_the_spark_session_is_in_the_serial_group() -> None:
     # one Spark session (JVM) per worker: a module outside the group would start a second
+    # (but a module of its own group: one more session, in the other worker, on purpose)
     for module in sorted((ROOT / "tests").rglob("test_*.py")):
         if module.resolve() == Path(__file__).resolve():
             continue
         text = module.read_text(encoding="utf-8")
         if "spark_support" in text or "SparkSession" in text:
             rel = Path(module).relative_to(ROOT).as_posix()
-            assert group_of(rel) == SERIAL_GROUP, rel
+            assert group_of(rel) == (rel if rel in OWN_GROUP_PATHS else SERIAL_GROUP), rel
+
+
+def test_the_spark_cluster_tests_run_beside_the_serial_group() -> None:
+    path = "tests/integration/test_spark_cluster.py"
+    assert path in OWN_GROUP_PATHS
+    assert group_of(path) == path
