@@ -65,7 +65,7 @@ def read_group_config(admin: AdminClient, group: str) -> ShareGroupConfig:
     resource = ConfigResource(ResourceType.GROUP, group)
     try:
         entries = admin.describe_configs([resource])[resource].result(TIMEOUT_S)
-    except KafkaException as exc:
+    except (KafkaException, TimeoutError) as exc:  # a future's result() times out with the latter
         raise KafkaRuntimeError(
             f"cannot read the configuration of share group {group} ({exc}); retryd needs "
             "DescribeConfigs on the group to check its record lock duration"
@@ -120,7 +120,7 @@ def start_from_earliest(admin: AdminClient, config: ShareGroupConfig) -> None:
     try:
         for future in admin.incremental_alter_configs([resource]).values():
             future.result(TIMEOUT_S)
-    except KafkaException as exc:
+    except (KafkaException, TimeoutError) as exc:
         log.warning(
             "share group %s starts at the end of its topics (%s=%s) and retryd could not set "
             "it to earliest (%s): records produced before its first member joined are skipped",
@@ -193,7 +193,7 @@ class GroupConfigWatch:
         group = self.current.group
         try:
             fresh = self._read(self.admin, group)
-        except (RetrydError, KafkaException) as exc:
+        except (RetrydError, KafkaException, TimeoutError) as exc:
             if not self.failing:
                 self.failing = True
                 log.warning(

@@ -135,7 +135,7 @@ def run_share_worker(settings: Settings, role: Role, *, instance: int = 0) -> in
                 tier_worker.run()
             except BaseException as exc:
                 failures.append(exc)
-                log.error("tiers worker stopped: %s", exc)
+                log.exception("tiers worker stopped: %s", exc)  # with its traceback
             finally:
                 share.stop()  # one process, one fate
 

@@ -95,3 +95,26 @@ def test_the_thread_reads_every_interval_and_stops() -> None:
         wait_for(lambda: answers.reads >= 3, 10, 0.01, "three reads")
     finally:
         w.stop()
+
+
+def test_a_read_that_times_out_is_a_failed_read_not_the_end_of_the_thread() -> None:
+    # an admin future's result(timeout) raises the builtin TimeoutError (seen with a node of
+    # the cluster down): it once ended the watch thread with a traceback
+    w = watch(Answers(TimeoutError(), cfg(20_000, 3)))
+    assert w.refresh() is None and w.failing and w.current == START
+    assert w.refresh() == cfg(20_000, 3) and not w.failing
+
+
+def test_read_group_config_turns_a_timeout_into_a_retryd_error() -> None:
+    from retryd.share.group import read_group_config
+
+    class SlowAdmin:
+        def describe_configs(self, resources: list[object]) -> dict[object, object]:
+            class Never:
+                def result(self, timeout: float) -> object:
+                    raise TimeoutError()
+
+            return {r: Never() for r in resources}
+
+    with pytest.raises(KafkaRuntimeError, match="cannot read the configuration of share group"):
+        read_group_config(SlowAdmin(), "orders.share")  # type: ignore[arg-type]
