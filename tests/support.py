@@ -51,6 +51,26 @@ def broker_older_than(major: int, minor: int) -> bool:
     return found < (major, minor)
 
 
+def set_group_configs(
+    bootstrap: str, group: str, entries: dict[str, str], timeout: float = 30
+) -> None:
+    """Set a (share) group's dynamic configs, e.g. its record lock and delivery limit, before
+    its first member joins (``kafka-configs --alter --entity-type groups``)."""
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+
+    resource = ConfigResource(
+        ResourceType.GROUP,
+        group,
+        incremental_configs=[
+            ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET)
+            for k, v in entries.items()
+        ],
+    )
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.incremental_alter_configs([resource]).values():
+        future.result(timeout)
+
+
 def dedicated_broker(log_file: Path, port: int | None = None, advertised: str | None = None) -> Any:
     """A broker of the suite's kind for one test that stops, pauses or proxies it: Apache
     Kafka (one KRaft node), or the embedded Tansu with ``RETRYD_TEST_BROKER=tansu``. Not

@@ -42,13 +42,6 @@ from typing import Any, TypeVar
 
 import pytest
 from confluent_kafka import KafkaException
-from confluent_kafka.admin import (
-    AdminClient,
-    AlterConfigOpType,
-    ConfigEntry,
-    ConfigResource,
-    ResourceType,
-)
 
 from tests.chaos.cluster import Nodes
 from tests.chaos.fleet import Fleet
@@ -73,7 +66,14 @@ from tests.chaos.scenario import CALL_LOG, Scenario
 from tests.chaos.share_handler import CALL_S
 from tests.chaos.share_probe import ProbeError, ShareProbe
 from tests.integration.worker_support import Deployment, deployment
-from tests.support import ON_TANSU, broker_older_than, json_lines, read_topic, wait_for
+from tests.support import (
+    ON_TANSU,
+    broker_older_than,
+    json_lines,
+    read_topic,
+    set_group_configs,
+    wait_for,
+)
 
 pytestmark = [
     pytest.mark.chaos,
@@ -104,21 +104,14 @@ T = TypeVar("T")
 
 def configure_share_group(bootstrap: str, group: str) -> None:
     """The group's lock and delivery limit (above), set before its first member joins."""
-    entries = {
-        "share.record.lock.duration.ms": str(LOCK_MS),
-        "share.delivery.count.limit": str(DELIVERY_LIMIT),
-    }
-    resource = ConfigResource(
-        ResourceType.GROUP,
+    set_group_configs(
+        bootstrap,
         group,
-        incremental_configs=[
-            ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET)
-            for k, v in entries.items()
-        ],
+        {
+            "share.record.lock.duration.ms": str(LOCK_MS),
+            "share.delivery.count.limit": str(DELIVERY_LIMIT),
+        },
     )
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    for future in admin.incremental_alter_configs([resource]).values():
-        future.result(30)
 
 
 class ShareObserver(Observer):

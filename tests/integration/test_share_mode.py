@@ -20,16 +20,17 @@ from typing import Any
 
 import pytest
 from confluent_kafka import AcknowledgeType, ShareConsumer
-from confluent_kafka.admin import (
-    AdminClient,
-    AlterConfigOpType,
-    ConfigEntry,
-    ConfigResource,
-    ResourceType,
-)
 
 from tests.integration.worker_support import Deployment, deployment, stop_process
-from tests.support import ON_TANSU, broker_older_than, json_lines, produce, read_topic, wait_for
+from tests.support import (
+    ON_TANSU,
+    broker_older_than,
+    json_lines,
+    produce,
+    read_topic,
+    set_group_configs,
+    wait_for,
+)
 
 pytestmark = pytest.mark.skipif(
     ON_TANSU or broker_older_than(4, 2),
@@ -54,17 +55,7 @@ def share_deployment(bootstrap: str, tmp_path: Path, *, limit: int = 5, **kw: An
 
 
 def configure_group(bootstrap: str, group: str, entries: dict[str, str]) -> None:
-    resource = ConfigResource(
-        ResourceType.GROUP,
-        group,
-        incremental_configs=[
-            ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET)
-            for k, v in entries.items()
-        ],
-    )
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    for future in admin.incremental_alter_configs([resource]).values():
-        future.result(15)
+    set_group_configs(bootstrap, group, entries, 15)
 
 
 def spawn(d: Deployment, log: Path, **env: str) -> subprocess.Popen[bytes]:
