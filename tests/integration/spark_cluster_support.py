@@ -163,11 +163,13 @@ class StandaloneCluster:
         self.wait_alive(count)
 
     def state(self) -> dict[str, Any]:
-        """The master's own JSON view (workers, applications), {} while it is not up."""
+        """The master's own JSON view (workers, applications), {} while it is not up. A
+        master starting under load serves its HTML page at ``/json/`` for a moment (its web
+        server is up before the JSON handler is attached): that is "not up" too."""
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.ui_port}/json/", timeout=5) as r:
                 return dict(json.loads(r.read()))
-        except OSError:
+        except (OSError, ValueError):
             return {}
 
     def alive_workers(self) -> int:
