@@ -12,24 +12,27 @@ protocol itself: confluent-kafka 2.16's ``AdminClient`` has no call for either.
   ``kafka-share-groups.sh --describe --offsets`` prints. A share-partition is settled when its
   lag is 0: nothing acquired, released or left to hand out.
 
-One request per connection, on a plain socket with a deadline: a probe is rare, and a node
-that was just killed must cost a refused connection, not a client's reconnect loop.
+One request per connection, with a deadline (``retryd.kafka.wire``, the encoding retryd's own
+share-lag reader speaks; the offsets come from that reader's ``ShareOffsetsClient``): a probe
+is rare, and a node that was just killed must cost a refused connection, not a client's
+reconnect loop.
 """
 
 from __future__ import annotations
 
 import base64
-import socket
 import struct
-from dataclasses import dataclass
 
 from confluent_kafka import Consumer, TopicCollection, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from retryd.errors import KafkaRuntimeError
+from retryd.kafka.share_offsets import FIND_COORDINATOR, ShareOffsetsClient
+from retryd.kafka.wire import Connection, Writer
+
 KEY_GROUP = 0
 KEY_SHARE = 2
-FIND_COORDINATOR = (10, 6)  # (API key, version)
-DESCRIBE_SHARE_OFFSETS = (90, 1)
+FIND_COORDINATOR_VERSION = 6  # key type share needs v6
 TIMEOUT_S = 5.0
 
 
@@ -37,177 +40,47 @@ class ProbeError(Exception):
     """The cluster did not answer a probe (a node down, no coordinator yet): ask again."""
 
 
-# -- the flexible ("compact") encodings of the Kafka protocol ------------------------------
-def _uvarint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
-def _cstr(s: str) -> bytes:
-    raw = s.encode()
-    return _uvarint(len(raw) + 1) + raw
-
-
-def _carray(items: list[bytes]) -> bytes:
-    return _uvarint(len(items) + 1) + b"".join(items)
-
-
-NO_TAGS = b"\x00"
-
-
-class _Reader:
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-        self.at = 0
-
-    def take(self, fmt: str) -> int:
-        (value,) = struct.unpack_from(fmt, self.data, self.at)
-        self.at += struct.calcsize(fmt)
-        return int(value)
-
-    def uvarint(self) -> int:
-        shift = value = 0
-        while True:
-            byte = self.data[self.at]
-            self.at += 1
-            value |= (byte & 0x7F) << shift
-            if not byte & 0x80:
-                return value
-            shift += 7
-
-    def cstr(self) -> str | None:
-        n = self.uvarint()
-        if n == 0:
-            return None
-        raw = self.data[self.at : self.at + n - 1]
-        self.at += n - 1
-        return raw.decode()
-
-    def count(self) -> int:
-        return self.uvarint() - 1
-
-    def tags(self) -> None:
-        for _ in range(self.uvarint()):
-            self.uvarint()
-            self.at += self.uvarint()
-
-
-def _request(address: str, api: tuple[int, int], body: bytes) -> _Reader:
-    """One request (header v2) to ``host:port``; the response after its header (v1)."""
-    host, _, port = address.rpartition(":")
-    client = b"retryd-chaos"
-    header = struct.pack(">hhih", api[0], api[1], 1, len(client)) + client + NO_TAGS
-    frame = header + body
-    try:
-        with socket.create_connection((host, int(port)), TIMEOUT_S) as sock:
-            sock.settimeout(TIMEOUT_S)
-            sock.sendall(struct.pack(">i", len(frame)) + frame)
-            size = struct.unpack(">i", _recv(sock, 4))[0]
-            reader = _Reader(_recv(sock, size))
-    except OSError as exc:
-        raise ProbeError(f"{address}: {exc}") from exc
-    reader.take(">i")  # correlation id
-    reader.tags()
-    return reader
-
-
-def _recv(sock: socket.socket, n: int) -> bytes:
-    out = bytearray()
-    while len(out) < n:
-        chunk = sock.recv(n - len(out))
-        if not chunk:
-            raise ProbeError("connection closed mid-response")
-        out += chunk
-    return bytes(out)
-
-
-def _first_answer(addresses: list[str], api: tuple[int, int], body: bytes) -> _Reader:
-    errors = []
-    for address in addresses:
-        try:
-            return _request(address, api, body)
-        except ProbeError as exc:
-            errors.append(str(exc))
-    raise ProbeError("no node answered: " + "; ".join(errors))
-
-
-# -- the two probes --------------------------------------------------------------------------
 def find_coordinators(
     addresses: list[str], key_type: int, keys: list[str]
 ) -> dict[str, tuple[int, str]]:
     """The node coordinating each key (its id and ``host:port``), asked of the first of
     ``addresses`` that answers; raises ``ProbeError`` when a key has none now (the leader of
     its partition is being elected)."""
-    body = struct.pack(">b", key_type) + _carray([_cstr(k) for k in keys]) + NO_TAGS
-    r = _first_answer(addresses, FIND_COORDINATOR, body)
-    r.take(">i")  # throttle
+    w = Writer().int8(key_type).compact_array_length(len(keys))
+    for key in keys:
+        w.compact_string(key)
+    body = w.no_tags().bytes()
+    errors = []
+    for address in addresses:
+        host, _, port = address.rpartition(":")
+        try:
+            with Connection(host, int(port), None, TIMEOUT_S, client_id="retryd-chaos") as conn:
+                r = conn.request(
+                    FIND_COORDINATOR,
+                    FIND_COORDINATOR_VERSION,
+                    body,
+                    flexible=True,
+                    what="FindCoordinator",
+                )
+                break
+        except KafkaRuntimeError as exc:
+            errors.append(str(exc))
+    else:
+        raise ProbeError("no node answered: " + "; ".join(errors))
+    r.int32()  # throttle
     out: dict[str, tuple[int, str]] = {}
     problems = []
-    for _ in range(r.count()):
-        key = r.cstr() or ""
-        node = r.take(">i")
-        host = r.cstr()
-        port = r.take(">i")
-        error = r.take(">h")
-        message = r.cstr()
-        r.tags()
+    for _ in range(r.compact_array_length(15)):
+        key, node = r.compact_string() or "", r.int32()
+        where = f"{r.compact_string()}:{r.int32()}"
+        error, message = r.int16(), r.compact_string()
+        r.skip_tags()
         if error:
             problems.append(f"{key}: error {error} {message or ''}")
         else:
-            out[key] = (node, f"{host}:{port}")
+            out[key] = (node, where)
     if problems:
         raise ProbeError("; ".join(problems))
-    return out
-
-
-@dataclass(frozen=True)
-class ShareOffsets:
-    partition: int
-    start_offset: int  # -1: the group has no state for it yet
-    lag: int  # -1: the broker did not compute it
-
-
-def describe_share_offsets(
-    address: str, group: str, topic: str, partitions: list[int]
-) -> dict[int, ShareOffsets]:
-    """``DescribeShareGroupOffsets`` for ``partitions`` of ``topic``, sent to ``address`` (the
-    group coordinator's). Kafka 4.4 answers an empty partition list with an unknown server
-    error ("partitions cannot be null or empty"): they are named."""
-    wanted = _carray([struct.pack(">i", p) for p in partitions])
-    topics = _carray([_cstr(topic) + wanted + NO_TAGS])
-    body = _carray([_cstr(group) + topics + NO_TAGS]) + NO_TAGS
-    r = _request(address, DESCRIBE_SHARE_OFFSETS, body)
-    r.take(">i")  # throttle
-    out: dict[int, ShareOffsets] = {}
-    for _ in range(r.count()):
-        r.cstr()  # group id
-        for _ in range(r.count()):
-            r.cstr()  # topic name
-            r.at += 16  # topic id
-            for _ in range(r.count()):
-                partition = r.take(">i")
-                start = r.take(">q")
-                r.take(">i")  # leader epoch
-                lag = r.take(">q")
-                error = r.take(">h")
-                message = r.cstr()
-                r.tags()
-                if error:
-                    raise ProbeError(f"{topic}[{partition}]: error {error} {message or ''}")
-                out[partition] = ShareOffsets(partition, start, lag)
-            r.tags()
-        error = r.take(">h")
-        message = r.cstr()
-        r.tags()
-        if error:
-            raise ProbeError(f"share group {group}: error {error} {message or ''}")
     return out
 
 
@@ -250,8 +123,14 @@ class ShareProbe:
         yet delivery-complete): the start offset it reports stays behind the end although
         everything was acknowledged (seen on 4.4: start 1 of 4, lag 0, all 4 accepted), so
         "start offset == end" would wait for ever."""
-        _, address = self.group_coordinator()
-        offsets = describe_share_offsets(address, self.group, self.topic, self.partitions)
+        try:
+            client = ShareOffsetsClient({"bootstrap.servers": self.bootstrap}, self.group)
+            offsets = {p.partition: p for p in client.describe([self.topic])}
+        except KafkaRuntimeError as exc:  # a node down, no coordinator yet: ask again
+            raise ProbeError(str(exc)) from exc
+        for got in offsets.values():
+            if got.error_code:
+                raise ProbeError(f"{self.topic}[{got.partition}]: error {got.error_code}")
         ends = _high_watermarks(self.bootstrap, self.topic, self.partitions)
         out = []
         for p in self.partitions:

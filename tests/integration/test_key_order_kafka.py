@@ -187,7 +187,8 @@ def test_strict_order_survives_sigkill(bootstrap: str, tmp_path: Path) -> None:
             120,
             what="every record to succeed",
         )
-        time.sleep(3)  # chains end: the last tombstones
+        # the chains end: their last tombstones follow the last successes
+        wait_for(lambda: _live_entries(dep) == 0, 60, 0.5, "no key-state entry left")
     finally:
         codes = [stop_process(p) for p in procs]
     found = successes()
