@@ -17,7 +17,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from retryd.config import Settings, load_settings
 from retryd.kafka.topics import topic_configs
-from tests.chaos.cluster import MIN_INSYNC, REPLICATION, Nodes
+from tests.chaos.cluster import MIN_INSYNC, REPLICATION, Nodes, Where
 from tests.chaos.fleet import CHAOS_HANDLER, Proc, key_order_env
 from tests.chaos.ledger import Reconciliation, Spec, reconcile
 from tests.chaos.load import PacedProducer, Record
@@ -262,6 +262,21 @@ def sigkill_and_restart(
         )
         entry["coordinator_failover_s"] = round(time.monotonic() - at, 1)
         entry["new_coordinator"] = new
+    return restart_after(nodes, run, victim, at, led, down_s, entry)
+
+
+def restart_after(
+    nodes: Nodes,
+    run: Run,
+    victim: int,
+    at: float,
+    led: list[Where],
+    down_s: float,
+    entry: dict[str, Any],
+) -> dict[str, Any]:
+    """The end of a node kill at ``at``: wait until the partitions it ``led`` have leaders
+    elsewhere (``failover_s``), keep it down until ``down_s`` has passed, check the workers
+    are alive, start it again and wait until every replica is back in sync."""
     entry["failover_s"] = nodes.wait_led_elsewhere(led, victim, at) if led else 0.0
     rest = down_s - (time.monotonic() - at)
     if rest > 0:

@@ -53,6 +53,7 @@ from tests.chaos.replicated import (
     Run,
     replicated_deployment,
     report_and_check,
+    restart_after,
 )
 from tests.chaos.report import ChaosReport
 from tests.chaos.scale import (
@@ -376,15 +377,7 @@ def sigkill_coordinator(
     entry["coordinator_failover_s"] = round(time.monotonic() - at, 1)
     entry["share_coordinators_after"] = after
     entry["group_coordinator_after"] = group_after
-    entry["failover_s"] = nodes.wait_led_elsewhere(led, victim, at) if led else 0.0
-    rest = down_s - (time.monotonic() - at)
-    if rest > 0:
-        time.sleep(rest)  # the fault schedule: the node stays down this long
-    run.assert_alive()
-    entry["down_s"] = round(time.monotonic() - at, 1)
-    entry["start_s"] = nodes.start(victim)
-    entry["in_sync_s"] = nodes.wait_in_sync(nodes.topics())
-    return entry
+    return restart_after(nodes, run, victim, at, led, down_s, entry)
 
 
 ROLE = {
