@@ -20,6 +20,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 from types import FrameType
 
 from retryd.config import Role, Settings
@@ -37,6 +38,36 @@ EXIT_RUNTIME = 5
 RESTARTABLE = {EXIT_CRASH, EXIT_DELIVERY, EXIT_RUNTIME}
 
 
+class StopSignals:
+    """SIGTERM/SIGINT handling from the first line of a worker's start.
+
+    Building a worker takes seconds (handler import, metadata, a strict key-state read). A
+    SIGTERM in that window used to find Python's default disposition and end the process
+    with -15, which a supervisor or a rolling update reads as a crash. Installed first, this
+    remembers the request; a worker attached later is stopped at once, so its ``run`` returns
+    through the normal clean shutdown (exit 0) without starting to consume.
+    """
+
+    def __init__(self, message: str) -> None:
+        self._message = message
+        self._targets: list[Callable[[], None]] = []
+        self.requested = False
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        log.info("received %s: %s", signal.Signals(signum).name, self._message)
+        self.requested = True
+        for stop in list(self._targets):
+            stop()
+
+    def attach(self, stop: Callable[[], None]) -> None:
+        """Forward signals to ``stop`` from now on; call it now if one already came."""
+        self._targets.append(stop)
+        if self.requested:
+            stop()
+
+
 def run_worker(
     settings: Settings, role: Role, *, until_drained: bool = False, instance: int = 0
 ) -> int:
@@ -51,6 +82,7 @@ def run_worker(
         from retryd.share.run import run_share_worker
 
         return run_share_worker(settings, role, instance=instance)
+    signals = StopSignals("finishing consumed records, then flush, commit, close")
     from retryd.handlers.loader import load_handler
     from retryd.metrics.registry import mark_build_info, mark_consumer_mode
     from retryd.metrics.sink import PrometheusSink
@@ -78,15 +110,7 @@ def run_worker(
         log.error("cannot start worker: %s", exc)
         return EXIT_RUNTIME
 
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        log.info(
-            "received %s: finishing consumed records, then flush, commit, close",
-            signal.Signals(signum).name,
-        )
-        worker.stop()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    signals.attach(worker.stop)
     mark_build_info()
     mark_consumer_mode(settings.consumer_mode.value)
     tune_gc()

@@ -12,10 +12,8 @@ the process exits with the status of the first failure.
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 import time
-from types import FrameType
 
 from retryd.config import Role, Settings
 from retryd.errors import DeliveryError, RetrydError, RuntimeFault, SetupError
@@ -24,6 +22,7 @@ from retryd.hosting.process import (
     EXIT_OK,
     EXIT_RUNTIME,
     EXIT_SETUP,
+    StopSignals,
     tune_gc,
 )
 from retryd.share.gate import LockedBreaker
@@ -53,6 +52,7 @@ def _end_tracing(tracing: Tracing) -> None:
 
 def run_share_worker(settings: Settings, role: Role, *, instance: int = 0) -> int:
     """Run until SIGTERM/SIGINT; return the process exit status (retryd.hosting.process)."""
+    signals = StopSignals("finishing the batch in hand, then close")
     from retryd.handlers.loader import load_handler
     from retryd.metrics.registry import mark_build_info, mark_consumer_mode
     from retryd.metrics.sink import PrometheusSink
@@ -112,16 +112,9 @@ def run_share_worker(settings: Settings, role: Role, *, instance: int = 0) -> in
         log.error("cannot start worker: %s", exc)
         return EXIT_SETUP if isinstance(exc, SetupError) else EXIT_RUNTIME
 
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        log.info(
-            "received %s: finishing the batch in hand, then close", signal.Signals(signum).name
-        )
-        share.stop()
-        if tiers is not None:
-            tiers.stop()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    signals.attach(share.stop)
+    if tiers is not None:
+        signals.attach(tiers.stop)
     mark_build_info()
     mark_consumer_mode(settings.consumer_mode.value)
     tune_gc()

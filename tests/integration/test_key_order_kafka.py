@@ -189,6 +189,9 @@ def test_strict_order_survives_sigkill(bootstrap: str, tmp_path: Path) -> None:
         )
         # the chains end: their last tombstones follow the last successes
         wait_for(lambda: _live_entries(dep) == 0, 60, 0.5, "no key-state entry left")
+        # a worker respawned by the last kill may still be starting: the clean exit
+        # asserted below is the one of a running worker
+        wait_for(lambda: all(dep.started(p) for p in procs), 60, what="workers started")
     finally:
         codes = [stop_process(p) for p in procs]
     found = successes()

@@ -226,6 +226,35 @@ def test_sigterm_finishes_the_call_in_hand_and_releases_the_rest(
     assert left_in_group(d, "sentinel") == [1], text
 
 
+def test_sigterm_while_starting_exits_zero_and_takes_nothing(
+    bootstrap: str, tmp_path: Path
+) -> None:
+    """A SIGTERM while the share worker still builds (its handler import blocks) ends the
+    start with exit 0, and the record stays with the group for the next member."""
+    d = share_deployment(bootstrap, tmp_path)
+    d.send([{"id": "kept"}])
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    log = tmp_path / "calls.jsonl"
+    worker = spawn(
+        d,
+        log,
+        RETRYD_HANDLER="python:tests.integration.slow_start_handler:handle",
+        RETRYD_TEST_START_GATE=str(gate),
+    )
+    try:
+        wait_for(lambda: (gate / "importing").exists(), 60, what="the handler import to start")
+        worker.send_signal(signal.SIGTERM)
+        (gate / "release").touch()
+        code = worker.wait(60)
+    finally:
+        stop_process(worker)
+    text = output(worker, log)
+    assert code == 0, text
+    assert "received SIGTERM" in text
+    assert left_in_group(d, "sentinel") == [0], text  # "kept" (offset 0), never taken
+
+
 def _exit(d: Deployment, tmp_path: Path, name: str, **env: str) -> tuple[int, str]:
     log = tmp_path / f"{name}.jsonl"
     proc = spawn(d, log, **env)

@@ -220,3 +220,38 @@ def test_supervisor_stops_the_group_when_a_child_cannot_start(
     assert "cannot import module 'tests.no_such_module_xyz'" in err
     assert "cannot start" in err and "stopping the group" in err
     assert "restarting" not in err
+
+
+def test_sigterm_while_starting_exits_zero_without_consuming(
+    bootstrap: str, tmp_path: Path
+) -> None:
+    """A SIGTERM that arrives while the worker is still building (here: its handler import
+    blocks) ends the start cleanly: exit 0, nothing consumed or committed. Before, Python's
+    default disposition was still in place and the process died with -15."""
+    dep = deployment(bootstrap, tmp_path, sequence="1s")
+    dep.send([{"id": "s1", "mode": "ok"}])
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    proc = dep.spawn_worker(
+        tmp_path / "w.log",
+        env={
+            "RETRYD_HANDLER": "python:tests.integration.slow_start_handler:handle",
+            "RETRYD_TEST_START_GATE": str(gate),
+        },
+    )
+    try:
+        wait_for(lambda: (gate / "importing").exists(), 60, what="the handler import to start")
+        proc.send_signal(signal.SIGTERM)
+        (gate / "release").touch()
+        code = proc.wait(60)
+    finally:
+        stop_process(proc)
+    output = dep.outputs[proc.pid].read_text()
+    assert code == 0, output
+    assert "received SIGTERM" in output
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": dep.settings.group_id})
+    try:
+        committed = consumer.committed([TopicPartition(dep.main, 0)], timeout=10)
+    finally:
+        consumer.close()
+    assert committed[0].offset < 0  # nothing committed: the worker never consumed

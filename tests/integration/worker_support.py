@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ class Deployment:
     bootstrap: str
     settings: Settings
     main: str
+    outputs: dict[int, Path] = field(default_factory=dict)  # pid -> its stderr+stdout file
 
     @property
     def failed(self) -> str:
@@ -96,14 +97,27 @@ class Deployment:
         self, log_path: Path, *args: str, env: dict[str, str] | None = None
     ) -> subprocess.Popen[bytes]:
         env = {**self.env(), "RETRYD_TEST_LOG": str(log_path), **(env or {})}
-        stderr = open(log_path.with_suffix(f".{len(list(log_path.parent.iterdir()))}.stderr"), "wb")  # noqa: SIM115
-        return subprocess.Popen(
+        out = log_path.with_suffix(f".{len(list(log_path.parent.iterdir()))}.stderr")
+        stderr = open(out, "wb")  # noqa: SIM115
+        proc = subprocess.Popen(
             [sys.executable, "-m", "retryd", "worker", *args],
             env=env,
             cwd=REPO,
             stdout=stderr,
             stderr=subprocess.STDOUT,
         )
+        self.outputs[proc.pid] = out
+        return proc
+
+    def started(self, proc: subprocess.Popen[bytes]) -> bool:
+        """Whether a spawned worker got past its start (subscribed: it logged its role line),
+        or already exited."""
+        if proc.poll() is not None:
+            return True
+        try:
+            return b"worker role=" in self.outputs[proc.pid].read_bytes()
+        except (KeyError, OSError):
+            return False
 
 
 def deployment(
