@@ -29,8 +29,9 @@ A lost partition (session timed out) is released at once: its results are discar
 Exactly-once routing (``retryd.worker.offsets``): copies are sent at each partition's settled
 frontier and committed with the input offsets in one transaction per
 ``transaction_interval_ms``. When a transaction aborts (or an assignment is lost, whose copies
-must not be seen), the worker *rewinds*: every partition it owns is released and assigned
-again at its committed offset, so what the aborted transaction held is redone.
+must not be seen), the worker *rewinds*: every partition it owns is released and, once the
+calls still running on it ended or timed out, assigned again at its committed offset, so what
+the aborted transaction held is redone (never beside its own first call).
 """
 
 from __future__ import annotations
@@ -363,10 +364,17 @@ class Worker:
 
     def _rewind(self, why: str) -> None:
         """Exactly-once: start every owned partition again from its committed offset.
-        Everything held is discarded; calls still running are dropped when they end (their
-        assignment is over). Called from the poll loop before anything is settled or stored
-        (never from a rebalance callback, which only marks it due): a copy settled after an
-        abort could otherwise let an offset past an aborted copy be committed."""
+        Everything held is discarded; results of calls still running are dropped when they
+        end (their assignment is over). Called from the poll loop before anything is settled
+        or stored (never from a rebalance callback, which only marks it due): a copy settled
+        after an abort could otherwise let an offset past an aborted copy be committed.
+
+        The partitions are assigned again only once the calls of the old assignment ended
+        (or were timed out), as a revoke's step 2 waits before the next owner starts: the
+        new assignment is a new lane (``ordering`` keys on the assignment), so a record
+        redone at once would start beside its own first call still running, and the
+        records of one key or partition would overlap. Nothing is settled meanwhile: every
+        record of these partitions is already discarded."""
         self._rewind_due = None
         states = list(self.book.parts.values())
         if not states:
@@ -374,8 +382,17 @@ class Worker:
         self._discard(states)
         self.book.forget(states)
         parts = [TopicPartition(st.topic, st.partition) for st in states]
+        calls_bound = self.pool.timeout_s + ASYNC_CANCEL_GRACE_S + 1.0
         try:
             self._consumer.incremental_unassign(parts)
+            if not self._settle_until(lambda: all(st.running == 0 for st in states), calls_bound):
+                log.warning(
+                    "%s: %d handler calls still running %gs after the rewind; their records "
+                    "may run again beside them",
+                    why,
+                    sum(st.running for st in states),
+                    calls_bound,
+                )
             committed = self._consumer.committed(parts, timeout=30)
             self.book.assign(committed)
         except KafkaException as exc:

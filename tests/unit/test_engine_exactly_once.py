@@ -5,6 +5,7 @@ tests/integration/test_exactly_once.py.)"""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections import Counter
@@ -279,3 +280,57 @@ def test_a_stop_routes_the_failed_records_it_finishes_without_waiting_out_its_ti
     tier = worker.settings.plan.tier_topics[0]
     assert sorted(_live(broker, tier)) == sorted(b"k%d" % i for i in range(1, 50))
     assert broker.committed_offset(GROUP, MAIN) == 50
+
+
+def test_a_rewind_never_runs_a_record_beside_its_own_call_still_running(tmp_path: Path) -> None:
+    """An aborted transaction rewinds every owned partition to its committed offset. The
+    partitions used to be assigned again at once, while a call of a rewound record was still
+    running: with ``ordering=partition`` the redo of offset 0 started beside its own first
+    call (a new assignment is a new lane). The first call here holds until a second call of
+    its record starts, so that double call is seen whenever it happens; the rewind now
+    assigns again only once every call of the old assignment ended (this one: cancelled at
+    its timeout), and the redo starts after it."""
+    broker = StubBroker()
+    first_started = threading.Event()
+    calls: list[list[float]] = []  # [start, end] of each call of partition 0's offset 0
+
+    async def handler(m: Message) -> None:
+        if m.partition != 0:
+            return
+        call = [time.perf_counter(), float("inf")]
+        calls.append(call)
+        try:
+            if len(calls) == 1:
+                first_started.set()
+                while len(calls) == 1:  # held until its record runs again (or its timeout)
+                    await asyncio.sleep(0.005)
+        finally:
+            call[1] = time.perf_counter()
+
+    worker = make_worker(
+        broker,
+        tmp_path,
+        handler,
+        partitions=2,
+        exactly_once=True,
+        ordering="partition",
+        transaction_interval_ms=10,
+        handler_timeout_s=1.0,
+    )
+    [producer] = broker.producers
+    broker.append(MAIN, b"a", b"v", partition=0)
+    runner = threading.Thread(target=worker.run, kwargs={"until_drained": True}, daemon=True)
+    runner.start()
+    assert first_started.wait(10)
+    producer.fail_commits.append(
+        KafkaError(KafkaError._STATE, "coordinator lost the transaction", txn_requires_abort=True)
+    )
+    broker.append(MAIN, b"b", b"v", partition=1)  # settles: its commit aborts, and rewinds
+    runner.join(30)
+    assert not runner.is_alive()
+
+    assert producer.aborts == 1
+    assert len(calls) == 2  # offset 0 redone (its first call's result was discarded)
+    assert calls[1][0] >= calls[0][1], "the redo started while the first call still ran"
+    assert broker.committed_offset(GROUP, MAIN, 0) == 1
+    assert broker.committed_offset(GROUP, MAIN, 1) == 1
