@@ -28,7 +28,12 @@ Invariants, checked while it runs (order) and once everything settled:
   removed at the end.
 
 Hung calls (abandoned past their timeout) are excluded from the overlap checks: Python cannot
-stop a thread, which the README says. ``RETRYD_COMPOSE_EXAMPLES`` sets the examples per
+stop a thread, which the README says. So are calls *cut off* with an abandoned event loop
+(another call on it ignored its cancellation): frozen in the stopped loop, they never resume;
+the worker runs their records again once that loop's thread has ended. Their coroutine's
+``finally`` still runs, but only when the garbage collector closes the pending task, at any
+later time (``GeneratorExit``): that is no end of the call, and used as one it showed a record
+"called twice at once" (``Service.cut_off``). ``RETRYD_COMPOSE_EXAMPLES`` sets the examples per
 combination (CI: 2).
 """
 
@@ -36,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import hashlib
 import itertools
 import os
@@ -45,6 +51,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, NamedTuple
 
 import pytest
@@ -175,6 +182,27 @@ class Service:
             self.calls.append(call)
         return call
 
+    @staticmethod
+    def cut_off(calls: list[Call]) -> None:
+        """These calls' coroutines are being closed (``GeneratorExit``) without ever being
+        resumed: their loop was abandoned and stopped, and the garbage collector finalises
+        the pending task whenever it runs, possibly after the record ran again on the new
+        loop. Such a call did not end then (it stopped when its loop did) and did not answer:
+        its end stays unknown (excluded from the overlap checks, never counted handled).
+
+        No lock: the collector runs finalisers on whichever thread allocates, possibly one
+        holding ``self.lock`` already (``begin``), which would then wait for itself. Nothing
+        else writes these calls' outcomes any more."""
+        for c in calls:
+            c.outcome = "cutoff"
+
+    @staticmethod
+    def ended(calls: list[Call]) -> None:
+        end = time.perf_counter()
+        for c in calls:
+            if c.outcome != "cutoff":
+                c.end = end
+
     def duration(self, call: Call) -> float:
         return (call.origin[1] % 4) / 1000
 
@@ -208,8 +236,11 @@ class Service:
                 else:
                     await asyncio.sleep(self.duration(call))
                 _raise_for(call.outcome)
+            except GeneratorExit:
+                self.cut_off([call])
+                raise
             finally:
-                call.end = time.perf_counter()
+                self.ended([call])
 
         return ahandle
 
@@ -227,11 +258,6 @@ class Service:
                         c.outcome = stuck
             return calls, stuck
 
-        def end_all(calls: list[Call]) -> None:
-            end = time.perf_counter()
-            for c in calls:
-                c.end = end
-
         if self.kind == "batch-sync":
 
             def handle_batch(records: list[Message]) -> list[Any]:
@@ -240,7 +266,7 @@ class Service:
                     time.sleep(TIMEOUT_S * 2 if stuck else max(map(self.duration, calls)))
                     return [_answer_for(c) for c in calls]
                 finally:
-                    end_all(calls)
+                    self.ended(calls)
 
             return handle_batch
 
@@ -259,8 +285,11 @@ class Service:
                 else:
                     await asyncio.sleep(max(map(self.duration, calls)))
                 return [_answer_for(c) for c in calls]
+            except GeneratorExit:
+                self.cut_off(calls)
+                raise
             finally:
-                end_all(calls)
+                self.ended(calls)
 
         return ahandle_batch
 
@@ -277,7 +306,11 @@ def _answer_for(call: Call) -> Any:
 
 
 def _raise_for(outcome: str) -> None:
-    if outcome in ("retry", "down"):
+    """A call's answer. A hung call (or one that ignored its cancellation) that returns
+    before the watchdog gave up on it (a busy machine: the poll thread did not look in time)
+    fails, as a batch call's does (``_answer_for``): returning, it would be a success the
+    checks never count as handled, and its record would look lost."""
+    if outcome in ("retry", "down", "hang", "ignore"):
         raise ConnectionError(outcome)
     if outcome == "dead":
         raise NonRetryableError("poison")
@@ -614,6 +647,7 @@ class ComposedEngine(RuleBasedStateMachine):
                     f"stopped; transitions={group.transitions} "
                     f"committed={[group.broker.committed_offset(GROUP, *tp) for tp in group.tps]}"
                     f" ends={[len(group.broker.logs[t][p]) for t, p in group.tps]}; "
+                    f"worker errors: {group.errors}; "
                     f"last member: {diagnosis(group.members[-1][0])}"
                 ) from None
             if self.combo.strict:
@@ -669,3 +703,29 @@ def test_the_order_check_sees_a_planted_overlap() -> None:
     ]
     with pytest.raises(AssertionError, match="out of order"):
         check_order(combo, held_again, group)
+
+
+@pytest.mark.parametrize("kind", ["async", "batch-async"])
+def test_a_call_cut_off_with_its_loop_has_no_end(kind: str) -> None:
+    """A call frozen in an abandoned (stopped) loop is finalised by the garbage collector,
+    whenever it runs: its ``finally`` then is no end of the call. Counted as one, the record
+    run again on the new loop meanwhile looked like a second call beside the first."""
+    service = Service(0, kind)
+    # offset 3: a call that sleeps at least 3 ms, still asleep when its loop stops
+    m = SimpleNamespace(
+        topic=MAIN, partition=0, offset=3, key=b"k", retry_number=0,
+        original_partition=0, original_offset=3,
+    )  # fmt: skip
+    func = service.handler(0)
+    loop = asyncio.new_event_loop()
+    task = loop.create_task(func([m] if kind.startswith("batch") else m))
+    loop.run_until_complete(asyncio.sleep(0))  # the call starts, then waits in its sleep
+    loop.close()  # stopped for good with the call pending, as an abandoned loop is
+    [call] = service.calls
+    assert call.end == float("inf")
+    outcome = call.outcome
+    del task
+    with service.lock:  # as in ``begin``: a finaliser may run on a thread holding it
+        gc.collect()  # the pending task is finalised: GeneratorExit runs the call's finally
+    assert call.outcome == "cutoff", outcome
+    assert call.end == float("inf") and not _clean(call)
