@@ -12,10 +12,11 @@ The broker in use is printed once at the start of the session (``pytest_report_h
 In parallel (``pytest -n 2``, as ``scripts/test`` runs it) the controlling process starts the
 one suite broker before its workers exist and stops it after they ended; the workers find it
 in ``RETRYD_SUITE_BOOTSTRAP`` (every test makes its own topics and groups, so they share it as
-they share it in one process). Tests go to workers by file (``--dist loadgroup``), so a
-module's fixtures start once; the fault-injection, benchmark, outage and Spark tests form one
-group that runs first, alone on its worker, so that they never compete with each other for
-the two cores they measure or time on.
+they share it in one process). Tests go to workers in groups (``--dist loadgroup``, scheduled
+by ``SuiteGroups``): a file's tests stay on one worker, so a module's fixtures start once; the
+fault-injection, benchmark and outage tests form one group, so that they never run beside each
+other on the two cores they measure or time on; the Spark tests form another (one Spark
+session, one JVM); both start first, as they set the run's length.
 """
 
 from __future__ import annotations
@@ -33,14 +34,19 @@ import pytest
 from tests.support import TEST_BROKER, TEST_KAFKA_OVERRIDES
 
 SUITE_BOOTSTRAP = "RETRYD_SUITE_BOOTSTRAP"
-# Tests that load both cores or time themselves against a clock: one group, one worker.
+# Tests that inject faults or time themselves against a clock: one group, never two at once.
 SERIAL_GROUP = "serial"
 SERIAL_PATHS = (
     "tests/chaos/",
     "tests/integration/test_bench_",
     "tests/integration/test_circuit_outage.py",
+)
+# Tests on the Spark session (a JVM that loads both cores): one group, one session.
+SPARK_GROUP = "spark"
+SPARK_PATHS = (
     "tests/integration/test_spark_",
     "tests/integration/test_foreign_dead_letters.py",  # shares the Spark session
+    "tests/integration/test_bench_datasource_quick.py",  # so does this benchmark's quick mode
 )
 # Long tests that start servers of their own and time nothing against a clock: each a group of
 # its own, so that they run beside the serial group instead of lengthening it (the Spark
@@ -108,28 +114,57 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         broker.stop()
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if not hasattr(config, "workerinput"):
         return
-    serial: list[pytest.Item] = []
-    rest: list[pytest.Item] = []
-    for item in items:
-        group = group_of(item.path.resolve().relative_to(ROOT).as_posix())
-        item.add_marker(pytest.mark.xdist_group(group))
-        (serial if group == SERIAL_GROUP else rest).append(item)
-    items[:] = serial + rest  # the longest group first: it sets the run's length
+    # the long groups first (they set the run's length); the scheduler keeps this order
+    first = (SERIAL_GROUP, SPARK_GROUP, *OWN_GROUP_PATHS)
+    rank = {group: i for i, group in enumerate(first)}
+    items.sort(
+        key=lambda item: rank.get(
+            group_of(item.path.resolve().relative_to(ROOT).as_posix()), len(first)
+        )
+    )  # stable: each group keeps its collection order
 
 
 def group_of(path: str) -> str:
-    """The worker group of a test file (a path relative to the repository): the serial
-    group (but for ``OWN_GROUP_PATHS``), the browser package (one chromium and its sidecars),
-    else the file itself."""
-    if path.startswith(SERIAL_PATHS) and path not in OWN_GROUP_PATHS:
+    """The worker group of a test file (a path relative to the repository): the serial or
+    the Spark group (but for ``OWN_GROUP_PATHS``), the browser package (one chromium and its
+    sidecars), else the file itself."""
+    if path in OWN_GROUP_PATHS:
+        return path
+    if path.startswith(SPARK_PATHS):
+        return SPARK_GROUP
+    if path.startswith(SERIAL_PATHS):
         return SERIAL_GROUP
     if path.startswith("tests/browser/"):
         return "tests/browser"
     return path
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadgroup`` with the suite's groups, decided from each test's path.
+
+    xdist's own loadgroup reads ``xdist_group`` marks through a suffix it writes into each
+    test's node id; pytest 9.2 builds node ids another way and the suffix no longer takes
+    (pytest-xdist issue 1386), so every test became a group of its own: a file's module
+    fixtures started on both workers and the fault-injection tests ran beside each other.
+    Grouping by path needs no marks. Groups go out in collection order (long ones first)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SuiteGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return scope_of(nodeid)
+
+    config.option.loadscopereorder = False  # keep the order above, not "most tests first"
+    return SuiteGroups(config, log)
+
+
+def scope_of(nodeid: str) -> str:
+    """The group of a test's node id (``path::name``, maybe with xdist's ``@group``)."""
+    return group_of(nodeid.split("::", 1)[0])
 
 
 @pytest.fixture(scope="session")
