@@ -267,6 +267,18 @@ class Worker:
                 self.events.key_order(*strict.gauges(_now_ms()))
 
     # ------------------------------------------------------------------ settling
+    def _wait_calls_ended(
+        self, states: list[PartitionState], timeout_s: float, why: str, otherwise: str
+    ) -> None:
+        """Settle until no call of these partitions runs: at most the handler timeout plus
+        the async cancellation grace and 1 s, by which a watchdog has timed out any call
+        still running. A revoke and a rewind both wait so, before the partitions' next
+        assignment (here or in the next owner) runs their records again."""
+        bound = timeout_s + ASYNC_CANCEL_GRACE_S + 1.0
+        if not self._settle_until(lambda: all(st.running == 0 for st in states), bound):
+            running = sum(st.running for st in states)
+            log.warning("%s: %d handler calls still running %gs %s", why, running, bound, otherwise)
+
     def _settle_until(self, done: Callable[[], bool], timeout_s: float) -> bool:
         """Keep settling results (and writing heartbeats) until ``done()`` or the deadline.
         Runs inside a revoke callback or at shutdown, never in the poll loop."""
@@ -308,15 +320,13 @@ class Worker:
             )
         for st in states:
             lifecycle.stop_starting(st)
-        calls_bound = timeout_s + ASYNC_CANCEL_GRACE_S + 1.0
-        if not self._settle_until(lambda: all(st.running == 0 for st in states), calls_bound):
-            log.warning(
-                "%s: %d handler calls still running %gs after the revoke closed their "
-                "partitions; their results will be discarded (the next owner runs them again)",
-                why,
-                sum(st.running for st in states),
-                calls_bound,
-            )
+        self._wait_calls_ended(
+            states,
+            timeout_s,
+            why,
+            "after the revoke closed their partitions; their results will be discarded (the "
+            "next owner runs them again)",
+        )
 
         # Every record of these partitions that is writing (a routed copy, or strict order's
         # writes one after the other) finishes its writes, so release never drops one half
@@ -382,17 +392,14 @@ class Worker:
         self._discard(states)
         self.book.forget(states)
         parts = [TopicPartition(st.topic, st.partition) for st in states]
-        calls_bound = self.pool.timeout_s + ASYNC_CANCEL_GRACE_S + 1.0
         try:
             self._consumer.incremental_unassign(parts)
-            if not self._settle_until(lambda: all(st.running == 0 for st in states), calls_bound):
-                log.warning(
-                    "%s: %d handler calls still running %gs after the rewind; their records "
-                    "may run again beside them",
-                    why,
-                    sum(st.running for st in states),
-                    calls_bound,
-                )
+            self._wait_calls_ended(
+                states,
+                self.pool.timeout_s,
+                why,
+                "after the rewind; their records may run again beside them",
+            )
             committed = self._consumer.committed(parts, timeout=30)
             self.book.assign(committed)
         except KafkaException as exc:

@@ -233,23 +233,7 @@ def test_sigterm_while_starting_exits_zero_and_takes_nothing(
     start with exit 0, and the record stays with the group for the next member."""
     d = share_deployment(bootstrap, tmp_path)
     d.send([{"id": "kept"}])
-    gate = tmp_path / "gate"
-    gate.mkdir()
-    log = tmp_path / "calls.jsonl"
-    worker = spawn(
-        d,
-        log,
-        RETRYD_HANDLER="python:tests.integration.slow_start_handler:handle",
-        RETRYD_TEST_START_GATE=str(gate),
-    )
-    try:
-        wait_for(lambda: (gate / "importing").exists(), 60, what="the handler import to start")
-        worker.send_signal(signal.SIGTERM)
-        (gate / "release").touch()
-        code = worker.wait(60)
-    finally:
-        stop_process(worker)
-    text = output(worker, log)
+    code, text = d.stopped_while_starting(tmp_path / "calls.jsonl", SHARE_ENV)
     assert code == 0, text
     assert "received SIGTERM" in text
     assert left_in_group(d, "sentinel") == [0], text  # "kept" (offset 0), never taken

@@ -230,23 +230,7 @@ def test_sigterm_while_starting_exits_zero_without_consuming(
     default disposition was still in place and the process died with -15."""
     dep = deployment(bootstrap, tmp_path, sequence="1s")
     dep.send([{"id": "s1", "mode": "ok"}])
-    gate = tmp_path / "gate"
-    gate.mkdir()
-    proc = dep.spawn_worker(
-        tmp_path / "w.log",
-        env={
-            "RETRYD_HANDLER": "python:tests.integration.slow_start_handler:handle",
-            "RETRYD_TEST_START_GATE": str(gate),
-        },
-    )
-    try:
-        wait_for(lambda: (gate / "importing").exists(), 60, what="the handler import to start")
-        proc.send_signal(signal.SIGTERM)
-        (gate / "release").touch()
-        code = proc.wait(60)
-    finally:
-        stop_process(proc)
-    output = dep.outputs[proc.pid].read_text()
+    code, output = dep.stopped_while_starting(tmp_path / "w.log", {})
     assert code == 0, output
     assert "received SIGTERM" in output
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": dep.settings.group_id})

@@ -18,7 +18,7 @@ from retryd.runtime.paths import heartbeat_dir
 from retryd.worker.assembly import build_worker
 from retryd.worker.summary import RunSummary
 from tests.integration import handlers
-from tests.support import TEST_SESSION_TIMEOUT_MS, create_topics, produce, unique
+from tests.support import TEST_SESSION_TIMEOUT_MS, create_topics, produce, unique, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 HANDLER = "python:tests.integration.handlers:behave"
@@ -108,6 +108,28 @@ class Deployment:
         )
         self.outputs[proc.pid] = out
         return proc
+
+    def stopped_while_starting(self, log_path: Path, env: dict[str, str]) -> tuple[int, str]:
+        """Spawn a worker whose handler import blocks (``slow_start_handler``), SIGTERM it in
+        the middle of its start, then let the import finish: its exit status and output."""
+        gate = log_path.parent / f"{log_path.stem}.gate"
+        gate.mkdir()
+        proc = self.spawn_worker(
+            log_path,
+            env={
+                **env,
+                "RETRYD_HANDLER": "python:tests.integration.slow_start_handler:handle",
+                "RETRYD_TEST_START_GATE": str(gate),
+            },
+        )
+        try:
+            wait_for(lambda: (gate / "importing").exists(), 60, what="the handler import")
+            proc.send_signal(signal.SIGTERM)
+            (gate / "release").touch()
+            code = proc.wait(60)
+        finally:
+            stop_process(proc)
+        return code, self.outputs[proc.pid].read_text()
 
     def started(self, proc: subprocess.Popen[bytes]) -> bool:
         """Whether a spawned worker got past its start (subscribed: it logged its role line),
