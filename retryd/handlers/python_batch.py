@@ -162,6 +162,8 @@ class AsyncPythonBatchHandler(_BatchAdapter):
             if task is not None and task.cancelling():
                 raise  # our timeout (or shutdown) cancelling the call
             return self._raised(batch, exc)  # business code raised it itself
+        except GeneratorExit:
+            raise  # the call is being closed (its abandoned loop stopped): no answer at all
         except BaseException as exc:  # business code may raise anything
             return self._raised(batch, exc)
         try:

@@ -121,6 +121,8 @@ class AsyncPythonHandler(_Adapter):
             if task is not None and task.cancelling():
                 raise  # our timeout (or shutdown) cancelling the call
             return self._failed(message, exc)  # business code raised it itself
+        except GeneratorExit:
+            raise  # the call is being closed (its abandoned loop stopped): no answer at all
         except BaseException as exc:  # business code may raise anything
             return self._failed(message, exc)
         return _SUCCESS

@@ -433,3 +433,34 @@ def test_a_record_of_a_closed_assignment_never_starts(kind: str) -> None:
         assert w.result is None and w.attempt == 0 and part.running == 0
     finally:
         harness.close()
+
+
+class _Suspend:
+    """An awaitable that suspends once: a call in the middle of its await."""
+
+    def __await__(self) -> Any:
+        yield
+
+
+@pytest.mark.parametrize("batch", [False, True])
+def test_closing_a_suspended_async_call_is_no_answer(
+    batch: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A call frozen in an abandoned (stopped) event loop is closed when the garbage collector
+    finalises its task (``GeneratorExit``). The adapter lets that through: no failure is
+    logged or returned for the record (the worker already runs it again elsewhere)."""
+    from retryd.handlers.python_batch import PythonBatchHandler
+
+    async def handle(m: Any) -> None:
+        await _Suspend()
+
+    handler: Any = (
+        PythonBatchHandler(handle, timeout_s=1.0, max_batch=2)
+        if batch
+        else PythonHandler(handle, timeout_s=1.0)
+    )
+    coro = handler.acall_batch([MSG]) if batch else handler.acall(MSG)
+    coro.send(None)  # suspended inside the business code
+    with caplog.at_level("DEBUG"), pytest.raises(GeneratorExit):
+        coro.throw(GeneratorExit())  # what close() does; swallowed, a result would come back
+    assert not [r for r in caplog.records if "GeneratorExit" in r.getMessage()]
