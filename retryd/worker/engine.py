@@ -281,7 +281,9 @@ class Worker:
 
     def _settle_until(self, done: Callable[[], bool], timeout_s: float) -> bool:
         """Keep settling results (and writing heartbeats) until ``done()`` or the deadline.
-        Runs inside a revoke callback or at shutdown, never in the poll loop."""
+        Runs inside a revoke callback, at shutdown, or in an exactly-once rewind once every
+        partition is unassigned (so the poll loop has nothing to consume while it waits);
+        never in the poll loop's normal course."""
         deadline = time.monotonic() + timeout_s
         while True:
             if self.strict is not None:

@@ -726,11 +726,16 @@ def test_every_feature_keeps_every_guarantee(combo: Combo, monkeypatch: pytest.M
     run().runTest()
 
 
-def test_the_order_check_sees_a_planted_overlap() -> None:
-    """The checks are not vacuous: two overlapping calls of one key on one member fail them."""
-    combo = Combo("key", True, False, False, "sync")
+def _checked_alone() -> tuple[Combo, Group]:
+    """Key order on one member that never handed over: what the planted calls are checked in."""
     group = Group.__new__(Group)
     group.transitions = []
+    return Combo("key", True, False, False, "sync"), group
+
+
+def test_the_order_check_sees_a_planted_overlap() -> None:
+    """The checks are not vacuous: two overlapping calls of one key on one member fail them."""
+    combo, group = _checked_alone()
     calls = [
         Call(0, MAIN, 0, 0, b"k0", 0, (0, 0), "ok", 0.0, 2.0),
         Call(0, MAIN, 0, 1, b"k0", 0, (0, 1), "ok", 1.0, 3.0),
@@ -775,9 +780,7 @@ def test_a_call_cut_off_with_its_loop_has_no_end(kind: str) -> None:
 def test_the_order_check_spares_only_a_call_the_engine_timed_out() -> None:
     """A call the engine gave up on (timed out while it ran) may overlap what runs after it;
     the same overlap with no expiry inside the first call still fails."""
-    combo = Combo("key", True, False, False, "sync")
-    group = Group.__new__(Group)
-    group.transitions = []
+    combo, group = _checked_alone()
     calls = [
         Call(0, MAIN, 0, 0, b"k0", 0, (0, 0), "ok", 0.0, 2.0),
         Call(0, MAIN, 0, 1, b"k0", 0, (0, 1), "ok", 1.5, 3.0),
