@@ -14,8 +14,9 @@ the topic and ``consume()`` serves both members. Everything above (scheduler, po
 settler, partition book) stays one per process: a record is a record whichever member
 fetched it.
 
-Serving both members. ``consume()`` takes what the tiers member has without waiting, then
-waits on the main member at most ``TIERS_WAKE_S`` (or the caller's timeout): a tier record
+Serving both members. ``consume()`` takes what the tiers member has without waiting, leaving a
+quarter of the batch to the main member (``main_reserve``), then polls the main member on
+every call, waiting at most ``TIERS_WAKE_S`` (or the caller's timeout): a tier record
 fetched up to that late is never handed back late, since the engine's own timeout is bounded
 by the next due time, and a record entering a tier is due one whole tier delay later. Each
 member's rebalance callbacks run inside its own ``consume()``, on the poll thread, as before.
@@ -37,6 +38,14 @@ from retryd.worker.book import ConsumerLike
 TIERS_WAKE_S = 0.1  # a wait on the main member is cut this short so the tiers member is served
 
 
+def main_reserve(num_messages: int) -> int:
+    """Room of each batch the tiers member may not take: a quarter, at least one record, so
+    the main member is polled (and handed records) on every ``consume`` however deep the
+    tiers are. Zero for a batch of one: one record cannot be split between two members;
+    then the members take turns (``SplitConsumer.consume``)."""
+    return max(1, num_messages // 4) if num_messages > 1 else 0
+
+
 class SplitConsumer:
     """Main topics on one member, tier topics on another, driven as one consumer."""
 
@@ -44,6 +53,7 @@ class SplitConsumer:
         self.main = main
         self.tiers = tiers
         self._tier_topics = frozenset(tier_topics)
+        self._main_turn = False  # batches of one alternate which member is asked first
 
     def _split(
         self, partitions: Iterable[TopicPartition]
@@ -75,12 +85,34 @@ class SplitConsumer:
             self.tiers.subscribe(tiers, **callbacks)
 
     def consume(self, num_messages: int = 1, timeout: float = -1) -> list[Any]:
-        out = list(self.tiers.consume(num_messages, 0))
+        """Up to ``num_messages`` records from both members; **each call polls both**.
+
+        The tiers member is served first and without waiting, but it may fill at most
+        ``num_messages - main_reserve(num_messages)`` of the batch: the main member is then
+        polled on every call, with the rest of the room (its own wait only when the tiers
+        member had nothing). Without that reserve a tier full of due copies (an outage's
+        backlog) took whole batches and the main member went unpolled until the drain ended:
+        main records waited seconds, and a drain longer than ``max.poll.interval.ms`` would
+        drop the main member from its group (issue 31, fault 9).
+        """
+        reserve = main_reserve(num_messages)
+        self._main_turn = not self._main_turn
+        if reserve == 0 and self._main_turn:
+            # a batch of one: every other call asks the main member first
+            out = list(self.main.consume(1, 0))
+            if out:
+                return out
+        tier_room = num_messages - reserve
+        out = list(self.tiers.consume(tier_room, 0))
         room = num_messages - len(out)
         if room <= 0:
             return out
+        tiers_full = len(out) == tier_room
         wait = 0.0 if out else (TIERS_WAKE_S if timeout < 0 else min(timeout, TIERS_WAKE_S))
         out += self.main.consume(room, wait)
+        if tiers_full and len(out) < num_messages:
+            # the main member left part of its quarter: the tiers may have it
+            out += self.tiers.consume(num_messages - len(out), 0)
         return out
 
     def close(self) -> None:
@@ -142,4 +174,4 @@ class SplitConsumer:
         raise TypeError("a split consumer has two members: exactly-once keeps one consumer")
 
 
-__all__ = ["TIERS_WAKE_S", "SplitConsumer"]
+__all__ = ["TIERS_WAKE_S", "SplitConsumer", "main_reserve"]

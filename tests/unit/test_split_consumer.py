@@ -72,6 +72,51 @@ def test_consume_serves_both_members_up_to_the_count() -> None:
     assert split.consume(10, 0.01) == []
 
 
+def test_a_deep_tier_never_starves_the_main_member() -> None:
+    """Issue 31 fault 9: while the tiers member returned full batches the main member was not
+    polled at all (3 main polls against 123 tier polls in a 60,000-copy drain). The bound:
+    every ``consume`` polls the main member, and a quarter of each batch is the main
+    member's, so main records come out at that rate however deep the tiers are."""
+    broker = StubBroker()
+    split = _split(broker)
+    split.incremental_assign(_tps((MAIN, 0), (TIER, 0)))
+    for i in range(1000):
+        broker.append(TIER, b"k", b"t%d" % i, partition=0)
+    for i in range(6):
+        broker.append(MAIN, b"k", b"m%d" % i, partition=0)
+    polls = {"main": 0, "tiers": 0}
+    for name in polls:
+        member = getattr(split, name)
+        member.consume = _counting(member.consume, polls, name)
+    per_call: list[tuple[int, int]] = []
+    for _ in range(3):
+        got = [m.value() for m in split.consume(8, 0)]
+        per_call.append((sum(v.startswith(b"m") for v in got), len(got)))
+    assert polls["main"] == 3
+    assert per_call == [(2, 8), (2, 8), (2, 8)]  # the main member's quarter, every call
+    # main drained: the tiers get what the main member left of the batch
+    assert [m.value() for m in split.consume(8, 0)] == [b"t%d" % i for i in range(18, 26)]
+
+
+def test_batches_of_one_alternate_between_the_members() -> None:
+    broker = StubBroker()
+    split = _split(broker)
+    split.incremental_assign(_tps((MAIN, 0), (TIER, 0)))
+    for i in range(3):
+        broker.append(MAIN, b"k", b"m%d" % i, partition=0)
+        broker.append(TIER, b"k", b"t%d" % i, partition=0)
+    got = [m.value() for _ in range(4) for m in split.consume(1, 0)]
+    assert sorted(got) == [b"m0", b"m1", b"t0", b"t1"]
+
+
+def _counting(consume: Any, polls: dict[str, int], name: str) -> Any:
+    def wrapped(n: int, timeout: float) -> Any:
+        polls[name] += 1
+        return consume(n, timeout)
+
+    return wrapped
+
+
 class _Member:
     """A member whose commit says "nothing stored" (librdkafka's _NO_OFFSET) or succeeds."""
 
