@@ -86,7 +86,10 @@ def test_bulk_job_is_rate_limited_and_replays_exactly_the_filtered_set(
     assert job["state"] == "completed", pretty(job)
     assert took >= MATCHING / 500, took
     assert job["replayed"] == MATCHING and job["failed"] == 0 and job["skipped"] == 0
-    assert 300 <= job["rate_per_second"] <= 600, job["rate_per_second"]
+    # the reported rate is the job's own (measured here against the test's clock), and the
+    # limit held; how close to the limit it ran depends on the machine, not on retryd
+    assert job["rate_per_second"] <= 600, job["rate_per_second"]
+    assert 0.5 * MATCHING / took <= job["rate_per_second"], (job["rate_per_second"], took)
     copies = read_topic(deployment.bootstrap, deployment.main, expect=MATCHING)
     sources = [c.header("retryd_replayed_from") for c in copies]
     assert len(sources) == MATCHING and len(set(sources)) == MATCHING

@@ -187,7 +187,8 @@ def test_hung_call_times_out_and_its_thread_is_abandoned(
     try:
         assert result.outcome is Outcome.RETRY
         assert result.error_class == "timeout"
-        assert 0.15 <= elapsed < 3.0
+        assert elapsed >= 0.15  # it waited for its timeout; it returned while the call hangs:
+        assert not release.is_set() and threads[b"hang"].is_alive()
         assert handler.abandoned == 1
         # the next call runs at once on a fresh thread while the hung one is still stuck
         assert handler(Message(key=None, value=b"next", topic="t")).outcome is Outcome.SUCCESS
