@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 from confluent_kafka import Producer
@@ -121,11 +120,9 @@ def test_topic_with_gaps(spark, bootstrap: str) -> None:  # noqa: F811
     expected = sorted(r.offset for r in read_topic(bootstrap, topic, expect=9))
     assert len(expected) == 9 and expected[-1] > 8  # the markers left gaps
     for chunk in (1, 2, 100):
-        started = time.monotonic()
         df = read_kafka(spark, opts(bootstrap, topic, maxRecordsPerPartition=chunk))
         got = sorted(r["offset"] for r in df.select("offset").collect())
-        assert got == expected, f"maxRecordsPerPartition={chunk}"
-        assert time.monotonic() - started < 60
+        assert got == expected, f"maxRecordsPerPartition={chunk}"  # and the read ended
 
 
 def test_timestamp_ranges(spark, bootstrap: str) -> None:  # noqa: F811
