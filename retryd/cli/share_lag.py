@@ -30,8 +30,12 @@ def share_lag(
 
     LAG is the broker's (Kafka 4.2+), else high watermark - start offset; ``-`` where the
     group holds no state yet. Exit 1 when the offsets cannot be read (the message names
-    ``kafka-share-groups.sh`` when retryd cannot read them with this configuration).
+    ``kafka-share-groups.sh`` when retryd cannot read them with this configuration): a broker
+    error, a failed connection or an answer that does not decode (``WireError``), or the
+    admin client's high-watermark request failing, all a one-line message, not a traceback.
     """
+    from confluent_kafka import KafkaException
+
     from retryd.kafka.clients import common_config
     from retryd.kafka.share_offsets import ShareOffsetsClient
     from retryd.share.lag import ShareLagReader, lags_of
@@ -46,7 +50,7 @@ def share_lag(
         need = [p for p in offsets if p.lag < 0 and p.start_offset >= 0 and not p.error_code]
         reader = ShareLagReader(common, name, [], NullSink(), timeout_s=timeout)
         lags = lags_of(offsets, reader.high_watermarks(need) if need else {})
-    except KafkaRuntimeError as exc:
+    except (KafkaRuntimeError, KafkaException) as exc:
         typer.echo(f"retryd: share group {name}: {exc}", err=True)
         raise typer.Exit(1) from None
     if not offsets:

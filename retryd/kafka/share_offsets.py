@@ -21,6 +21,11 @@ Security: PLAINTEXT and SSL, from the same librdkafka properties every retryd cl
 certificates) raises ``ShareOffsetsUnsupported`` naming the fallback, the Kafka script.
 Bounded: every socket operation has the deadline of its request, and a response larger than
 ``max_response_bytes`` is refused before it is read.
+
+Errors: a broker's error code raises ``ShareOffsetsError``; everything else that fails on the
+way (a connection, a timeout, a response that does not decode, a coordinator address that is
+no address) raises ``WireError``. Each decoder is wrapped by ``wire.decoder``, so a check
+missed here still surfaces as ``WireError`` and never as ``IndexError`` or ``UnicodeError``.
 """
 
 from __future__ import annotations
@@ -39,6 +44,8 @@ from retryd.kafka.wire import (
     Reader,
     WireError,
     Writer,
+    check_address,
+    decoder,
 )
 
 log = logging.getLogger(__name__)
@@ -107,17 +114,19 @@ def encode_find_coordinator(version: int, group: str) -> bytes:
     return w.no_tags().bytes()
 
 
+@decoder("FindCoordinator response")
 def decode_find_coordinator(r: Reader, version: int, group: str) -> tuple[str, int]:
-    """The coordinator's (host, port); a broker error raises ``ShareOffsetsError``."""
+    """The coordinator's (host, port), checked (``wire.check_address``) before anything
+    connects to it; a broker error raises ``ShareOffsetsError``."""
     r.int32()  # throttle time
     if version >= 4:
-        found: tuple[str, int, int, str | None] | None = None
+        found: tuple[str | None, int, int, str | None] | None = None
         for _ in range(r.compact_array_length(15)):
             key, _node, host, port = r.compact_string(), r.int32(), r.compact_string(), r.int32()
             code, message = r.int16(), r.compact_string()
             r.skip_tags()
             if key == group:
-                found = (host or "", port, code, message)
+                found = (host, port, code, message)
         r.skip_tags()
         r.end()
         if found is None:
@@ -126,12 +135,12 @@ def decode_find_coordinator(r: Reader, version: int, group: str) -> tuple[str, i
     else:
         code, message = r.int16(), r.compact_string()
         r.int32()  # node id
-        host, port = r.compact_string() or "", r.int32()
+        host, port = r.compact_string(), r.int32()
         r.skip_tags()
         r.end()
     if code:
         raise ShareOffsetsError(f"no coordinator for group {group}: {_error(code, message)}")
-    return host, port
+    return check_address(host, port, "FindCoordinator response")
 
 
 def encode_describe(version: int, group: str) -> bytes:
@@ -140,6 +149,7 @@ def encode_describe(version: int, group: str) -> bytes:
     return w.no_tags().no_tags().bytes()
 
 
+@decoder("DescribeShareGroupOffsets response")
 def decode_describe(r: Reader, version: int) -> list[ShareGroupOffsets]:
     r.int32()  # throttle time
     groups: list[ShareGroupOffsets] = []
@@ -166,6 +176,7 @@ def decode_describe(r: Reader, version: int) -> list[ShareGroupOffsets]:
     return groups
 
 
+@decoder("ApiVersions response")
 def decode_api_versions(r: Reader) -> dict[int, tuple[int, int]]:
     """ApiVersions v0: api key -> (min, max) version."""
     code = r.int16()
@@ -195,7 +206,9 @@ def pick_version(
 
 def _error(code: int, message: str | None) -> str:
     name = ERRORS.get(code, f"error {code}")
-    return f"{name} ({message})" if message else name
+    if not message:
+        return name
+    return f"{name} ({message if len(message) <= 200 else message[:200] + '...'})"  # a peer's
 
 
 # ---------------------------------------------------------------------- TLS
@@ -252,7 +265,10 @@ def _servers(bootstrap: str) -> list[tuple[str, int]]:
         if not item:
             continue
         host, _, port = item.rpartition(":")
-        out.append((host.strip("[]") or "localhost", int(port or 9092)))
+        number = int(port or 9092)
+        if not 0 < number <= 0xFFFF:
+            raise ValueError(f"port {number} is out of range")
+        out.append((host.strip("[]") or "localhost", number))
     return out
 
 

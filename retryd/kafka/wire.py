@@ -10,19 +10,33 @@ struct). Only what the three requests use is implemented.
 send and receive waits at most what is left of it) and by a response size cap checked before
 the response is read.
 
+One error type: whatever goes wrong below a caller (a connection refused, a TLS handshake, a
+timeout, a peer that closes, and every response that does not decode) raises ``WireError``,
+with the cause chained; callers never meet ``OSError``, ``UnicodeError`` or ``struct.error``.
+A background reader (``retryd.share.lag``) must outlive any answer a broker, or anything
+listening on its port, gives: issue 31 fault 7 was a FindCoordinator answer whose host the
+IDNA codec refused (a 64-character label), whose ``UnicodeError`` got past the ``OSError``
+handler and killed the share-lag thread.
+
 Every read is bounds-checked: a truncated or malformed response raises ``WireError`` naming
-where it broke, never an ``IndexError`` or a huge allocation (an array's announced length is
-checked against the bytes left before anything is read).
+where it broke, never an ``IndexError`` or a huge allocation (a length read from the wire is
+checked against the bytes left before anything is read, and a response's size against
+``max_response_bytes`` before it is received). Negative lengths other than -1 (null) are
+malformed. ``decoder`` wraps each response decoder as a last net: an error a check above
+missed still leaves as ``WireError``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import socket
 import ssl
 import struct
 import time
+from collections.abc import Callable
+from typing import ParamSpec, TypeVar
 
 from retryd.errors import KafkaRuntimeError
 
@@ -33,11 +47,59 @@ _I8 = struct.Struct(">b")
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
 _I64 = struct.Struct(">q")
+_MAX_UVARINT = 0xFFFFFFFF  # Kafka's unsigned varints carry 32 bits
+_SHOWN = 100  # at most this much of a peer's string goes into a message (and a log line)
+# what decoding a hostile response can raise besides WireError, should a check miss it
+_DECODE_ERRORS = (struct.error, ValueError, IndexError, KeyError, OverflowError)
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 class WireError(KafkaRuntimeError):
-    """A request that could not be made (connection, timeout) or a response that does not
-    decode (truncated, oversize, not what was asked for)."""
+    """A request that could not be made (connection, TLS, timeout) or a response that does
+    not decode (truncated, oversize, a bad string or host, not what was asked for). A
+    ``KafkaRuntimeError``: the next attempt may work, nothing about the set-up is wrong."""
+
+
+def shown(text: str) -> str:
+    """``text`` quoted and cut for a message: a peer's strings can be 32 KiB of anything."""
+    return repr(text if len(text) <= _SHOWN else text[:_SHOWN] + "...")
+
+
+def decoder(what: str) -> Callable[[Callable[P, T]], Callable[P, T]]:
+    """Wrap a response decoder so nothing but ``WireError`` (and the caller's own errors,
+    e.g. a broker's error code) leaves it; ``what`` names the response in the message."""
+
+    def wrap(fn: Callable[P, T]) -> Callable[P, T]:
+        @functools.wraps(fn)
+        def decode(*args: P.args, **kwargs: P.kwargs) -> T:
+            try:
+                return fn(*args, **kwargs)
+            except _DECODE_ERRORS as exc:
+                raise WireError(f"malformed {what}: {type(exc).__name__}: {exc}") from exc
+
+        return decode
+
+    return wrap
+
+
+def check_address(host: str | None, port: int, what: str) -> tuple[str, int]:
+    """A broker address read from a response, checked before anything connects to it: a
+    host the IDNA codec refuses (a label over 63 characters, an empty one) would raise
+    ``UnicodeError`` from ``getaddrinfo``, and a port out of range ``OverflowError`` or a
+    connection to another port."""
+    if not host:
+        raise WireError(f"malformed {what}: no host")
+    if not 0 < port <= 0xFFFF:
+        raise WireError(f"malformed {what}: port {port} of {shown(host)} is out of range")
+    try:
+        host.encode("idna")
+    except UnicodeError as exc:
+        raise WireError(
+            f"malformed {what}: {shown(host)} is not a valid host name ({exc})"
+        ) from exc
+    return host, port
 
 
 class Writer:
@@ -149,9 +211,11 @@ class Reader:
             shift += 7
             if shift > 28:  # at most 5 bytes for 32 bits
                 raise WireError(f"malformed {self.what}: varint longer than 5 bytes")
+            if value > _MAX_UVARINT:
+                raise WireError(f"malformed {self.what}: varint over 32 bits")
 
     def string(self) -> str | None:
-        n = self.int16()
+        n = self._length(self.int16(), "string")
         if n < 0:
             return None
         return self._decode(self._take(n))
@@ -170,7 +234,13 @@ class Reader:
 
     def array_length(self, min_item: int) -> int:
         """A classic array's length (int32, -1 = null read as 0)."""
-        return self._checked(self.int32(), min_item)
+        return self._checked(self._length(self.int32(), "array"), min_item)
+
+    def _length(self, n: int, of: str) -> int:
+        """-1 is null; any other negative length is malformed."""
+        if n < -1:
+            raise WireError(f"malformed {self.what}: {of} of length {n} at byte {self.pos}")
+        return n
 
     def compact_array_length(self, min_item: int) -> int:
         """A compact array's length (null read as 0). ``min_item``: the fewest bytes one item
@@ -241,17 +311,19 @@ class Connection:
         max_response_bytes: int = MAX_RESPONSE_BYTES,
     ) -> None:
         self.host, self.port = host, port
-        self.where = f"{host}:{port}"
+        self.where = f"{host if len(host) <= _SHOWN else shown(host)}:{port}"
         self.timeout_s = timeout_s
         self.client_id = client_id
         self.max_response_bytes = max_response_bytes
         try:
+            # ValueError: a host the IDNA codec refuses (UnicodeError), an embedded NUL;
+            # OverflowError: a port out of range
             raw = socket.create_connection((host, port), timeout=timeout_s)
-        except OSError as exc:
+        except (OSError, ValueError, OverflowError) as exc:
             raise WireError(f"cannot connect to {self.where}: {exc}") from exc
         try:
             self.sock = tls.wrap_socket(raw, server_hostname=host) if tls else raw
-        except (OSError, ssl.SSLError) as exc:
+        except (OSError, ValueError) as exc:  # ssl.SSLError and CertificateError included
             raw.close()
             raise WireError(f"TLS with {self.where} failed: {exc}") from exc
 
@@ -287,7 +359,7 @@ class Connection:
             raise WireError(
                 f"{what} to {self.where}: no response within {self.timeout_s:g}s"
             ) from exc
-        except OSError as exc:
+        except (OSError, ValueError) as exc:  # ValueError: e.g. a TLS socket closed under us
             raise WireError(f"{what} to {self.where} failed: {exc}") from exc
         reply_flexible = flexible and api_key != API_VERSIONS
         return response_body(payload, correlation, flexible=reply_flexible, what=what)

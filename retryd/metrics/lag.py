@@ -9,11 +9,21 @@ with ``max by (group, topic, partition)`` (lag) or ``max by (topic)`` (backlog) 
 Measured every ``interval_s`` in one background thread, which also runs the ``also`` callables
 (the replay ledger tail, ``retryd.metrics.replays``) so the sidecar needs one thread for all of
 its Kafka-side measurements.
+
+A background reader must outlive every failed read, whatever it raises: a thread that dies
+freezes what it reported (issue 31 fault 7: the share-lag thread died on a ``UnicodeError``
+and its gauge kept its last value, so a stuck worker stopped tripping the lag alert).
+``ReaderHealth`` is how the readers here and in ``retryd.share.lag`` keep going: any
+``Exception`` of one read is counted, logged once per new cause (a cause that repeats read
+after read is logged once, a different one again, the recovery too), and reported to an
+optional callback, e.g. a gauge. The sidecar's lag needs no gauge: ``snapshot`` serves nothing
+older than three periods, so a failing measurement shows as missing series, never frozen ones.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -24,6 +34,78 @@ from retryd.errors import RetrydError
 from retryd.kafka.clients import new_consumer, reader_config
 
 log = logging.getLogger(__name__)
+
+_NUMBERS = re.compile(r"\d+")
+# what a reader meets when Kafka or the network misbehaves; anything else is a bug, logged
+# with its traceback (once per cause, like the rest)
+EXPECTED = (RetrydError, KafkaException, OSError)
+
+
+def cause_of(exc: BaseException) -> str:
+    """What identifies a failure for logging: its type and message with the numbers blanked,
+    so a message that carries a byte count or a correlation id is still the same cause."""
+    return f"{type(exc).__name__}: {_NUMBERS.sub('#', str(exc))}"
+
+
+class ReaderHealth:
+    """Whether a background reader's last read worked, logged without flooding the log.
+
+    ``failed`` logs a warning when the cause differs from the previous failure's (the first
+    of an outage included), ``ok`` an info line when an outage ends; ``report(up)`` (a gauge)
+    is told after every read. Thread-compatible: one reader thread calls it."""
+
+    def __init__(
+        self,
+        what: str,
+        logger: logging.Logger,
+        *,
+        every_s: float = 0.0,
+        report: Callable[[bool], None] | None = None,
+    ) -> None:
+        self.what = what
+        self.log = logger
+        self.every_s = every_s
+        self.report = report
+        self.up = False
+        self.failing: str | None = None  # the last failure's message, None once a read works
+        self.failures = 0  # failed reads since start
+        self._cause: str | None = None
+        self._outage = 0  # failed reads since the last that worked
+
+    def ok(self) -> None:
+        if self._cause is not None:
+            self.log.info("%s: read again after %d failed reads", self.what, self._outage)
+        self.up, self.failing, self._cause, self._outage = True, None, None, 0
+        self._tell(True)
+
+    def failed(self, exc: Exception) -> None:
+        cause = cause_of(exc)
+        if cause != self._cause:
+            self.log.warning(
+                "%s: read failed (%s: %s); retrying every %gs",
+                self.what,
+                type(exc).__name__,
+                exc,
+                self.every_s,
+                exc_info=None if isinstance(exc, EXPECTED) else exc,
+            )
+        self.up, self.failing, self._cause = False, str(exc), cause
+        self.failures += 1
+        self._outage += 1
+        self._tell(False)
+
+    def down(self) -> None:
+        """The reader stopped reading for good (already logged by it)."""
+        self.up = False
+        self._tell(False)
+
+    def _tell(self, up: bool) -> None:
+        if self.report is None:
+            return
+        try:
+            self.report(up)
+        except Exception as exc:  # a metric must never end the reader it describes
+            self.log.warning("%s: cannot report its state: %s", self.what, exc)
 
 
 class LagMonitor:
@@ -63,7 +145,12 @@ class LagMonitor:
         self._lock = threading.Lock()
         self._consumer: Consumer | None = None
         self._offsets: Consumer | None = None  # carries the group's id; never subscribes
-        self.last_error: str | None = None
+        self.health = ReaderHealth("consumer lag measurement", log, every_s=interval_s)
+        self._extras: dict[int, ReaderHealth] = {}  # by position in ``also``
+
+    @property
+    def last_error(self) -> str | None:
+        return self.health.failing
 
     def start(self) -> LagMonitor:
         if (self.topics or self.backlog_topics or self.also) and self._thread is None:
@@ -97,20 +184,31 @@ class LagMonitor:
             return dict(self._backlog) if self._fresh(max_age_s) else {}
 
     def _loop(self) -> None:
+        """Never ends on a failed read (module docstring): any ``Exception`` is counted and
+        logged once per cause; the next period tries again."""
         while not self._stop.is_set():
-            try:
-                if self.topics or self.backlog_topics:
-                    self.measure_once()
-                self.last_error = None
-            except (KafkaException, RuntimeError, TimeoutError) as exc:
-                self.last_error = str(exc)
-                log.warning("consumer lag measurement failed: %s", exc)
-            for extra in self.also:
-                try:
-                    extra()
-                except (KafkaException, RetrydError, RuntimeError) as exc:
-                    log.warning("sidecar measurement failed: %s", exc)
+            if self.topics or self.backlog_topics:
+                self._attempt(self.measure_once, self.health)
+            for i, extra in enumerate(self.also):
+                self._attempt(extra, self._extra_health(i, extra))
             self._stop.wait(self.interval_s)
+
+    def _extra_health(self, i: int, extra: Callable[[], object]) -> ReaderHealth:
+        if i not in self._extras:
+            name = getattr(extra, "__qualname__", None) or type(extra).__name__
+            self._extras[i] = ReaderHealth(
+                f"sidecar measurement {name}", log, every_s=self.interval_s
+            )
+        return self._extras[i]
+
+    @staticmethod
+    def _attempt(read: Callable[[], object], health: ReaderHealth) -> None:
+        try:
+            read()
+        except Exception as exc:  # one bad read must not end the thread
+            health.failed(exc)
+        else:
+            health.ok()
 
     def _get_consumer(self) -> Consumer:
         if self._consumer is None:

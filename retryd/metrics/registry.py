@@ -111,6 +111,15 @@ SHARE_ACKNOWLEDGEMENTS = Counter(
     ["type"],
 )
 
+# Share mode: whether the share-lag reader's last read worked (retryd.share.lag). 0 while
+# reads fail (the share group's retryd_consumer_lag then keeps its last value: stale) or when
+# the reader cannot serve this configuration (SASL). Worst live worker process (livemin).
+SHARE_LAG_READER_UP = Gauge(
+    "retryd_share_lag_reader_up",
+    "Share mode: 1 when the last read of the share group's lag worked, 0 while it is stale",
+    multiprocess_mode="livemin",
+)
+
 
 def mark_build_info() -> None:
     BUILD_INFO.labels(version=__version__).set(1)

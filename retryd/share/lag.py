@@ -18,9 +18,16 @@ the latest record shows none there.
 The values go through ``Events.lag``, the path of group mode's lag, so they reach the
 ``retryd_consumer_lag`` gauge (``kind="main"``; the sidecar adds ``share_group``) and the
 dashboard and alerts built on it. Measured on a thread of its own every ``interval_s``, never
-on the poll loop; a failing read is logged once per outage (and when it ends) and never stops
-the worker; a configuration this reader cannot serve (SASL) is logged once and ends the
+on the poll loop; a configuration this reader cannot serve (SASL) is logged once and ends the
 thread, naming the Kafka script to use instead.
+
+Any other failure of one read, whatever it raises, leaves the thread running
+(``retryd.metrics.lag.ReaderHealth``): logged once per new cause and at recovery, and
+``retryd_share_lag_reader_up`` goes to 0 until a read works again. The lag gauge keeps its
+last value meanwhile (a gauge cannot say "unknown"), so that 0 is what tells a frozen lag
+from a steady one. Issue 31 fault 7: a FindCoordinator answer whose host the IDNA codec
+refused raised ``UnicodeError`` past the loop's handler, the thread died, the gauge froze,
+and a stuck share worker no longer tripped the lag alert.
 """
 
 from __future__ import annotations
@@ -30,17 +37,16 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
-from retryd.errors import KafkaRuntimeError
 from retryd.kafka.clients import admin_config, new_admin
 from retryd.kafka.share_offsets import (
     ShareOffsetsClient,
-    ShareOffsetsError,
     ShareOffsetsUnsupported,
     SharePartitionOffset,
 )
+from retryd.metrics.lag import ReaderHealth
 from retryd.worker.events import Sink
 
 log = logging.getLogger(__name__)
@@ -65,6 +71,14 @@ def lags_of(
     return out
 
 
+def _report_up(up: bool) -> None:
+    """``retryd_share_lag_reader_up``; the registry is imported on first use, as everywhere in
+    the worker, once the CLI has set the multiprocess directory."""
+    from retryd.metrics.registry import SHARE_LAG_READER_UP
+
+    SHARE_LAG_READER_UP.set(1 if up else 0)
+
+
 class ShareLagReader:
     """Reads the share group's lag of ``topics`` every ``interval_s`` and reports it."""
 
@@ -86,14 +100,26 @@ class ShareLagReader:
         self.timeout_s = timeout_s
         self.client: ShareOffsetsClient | None = None
         self.last: dict[tuple[str, int], int] = {}
-        self.failing: str | None = None  # the error of the current outage
-        self.failures = 0  # failed reads since start
+        self.health = ReaderHealth(
+            f"share group {group}: lag", log, every_s=interval_s, report=_report_up
+        )
         self._admin: AdminClient | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
+    @property
+    def failing(self) -> str | None:
+        """The error of the current outage (None while reads work)."""
+        return self.health.failing
+
+    @property
+    def failures(self) -> int:
+        """Failed reads since start."""
+        return self.health.failures
+
     def start(self) -> ShareLagReader:
         if self._thread is None:
+            self.health.down()  # nothing read yet: the gauge exists, at 0, from the start
             self._thread = threading.Thread(target=self._loop, name="share-lag", daemon=True)
             self._thread.start()
         return self
@@ -107,25 +133,19 @@ class ShareLagReader:
             self._thread.join(STOP_WAIT_S)
 
     def _loop(self) -> None:
+        """Ends only when stopped or on a configuration it cannot serve: a failed read, of
+        any kind, is the next period's to retry (module docstring)."""
         while not self._stop.is_set():
             try:
                 self.read_once()
-                if self.failing is not None:
-                    log.info("share group %s: lag read again", self.group)
-                self.failing = None
             except ShareOffsetsUnsupported as exc:
                 log.warning("share group %s: no lag reported: %s", self.group, exc)
+                self.health.down()
                 return
-            except (ShareOffsetsError, KafkaRuntimeError, KafkaException, OSError) as exc:
-                if self.failing is None:  # once per outage
-                    log.warning(
-                        "share group %s: cannot read its lag (%s); trying every %gs",
-                        self.group,
-                        exc,
-                        self.interval_s,
-                    )
-                self.failing = str(exc)
-                self.failures += 1
+            except Exception as exc:  # any: a dead thread would freeze the lag gauge
+                self.health.failed(exc)
+            else:
+                self.health.ok()
             self._stop.wait(self.interval_s)
 
     def read_once(self) -> dict[tuple[str, int], int]:

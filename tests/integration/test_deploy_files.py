@@ -68,6 +68,7 @@ ADDED_METRICS = {
     "retryd_key_order_oldest_blocked_seconds": "gauge",
     "retryd_consumer_mode": "gauge",
     "retryd_share_acknowledgements_total": "counter",
+    "retryd_share_lag_reader_up": "gauge",
 }
 ALL_METRICS = {**SPEC_METRICS, **SIDECAR_METRICS, **ADDED_METRICS}
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
