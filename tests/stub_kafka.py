@@ -106,8 +106,12 @@ class _ClusterMeta:
 
 
 class StubBroker:
-    def __init__(self) -> None:
+    def __init__(self, *, interleave: int = 0) -> None:
         self.lock = threading.Condition()
+        # consume() interleaves partitions inside one batch, this many records of a partition
+        # at a time (0: each partition's records together); a consumer's conf may override it
+        # with "stub.interleave" (``StubConsumer._take``)
+        self.interleave = interleave
         self.logs: dict[str, list[list[StubRecord]]] = {}
         self.committed: dict[tuple[str, str, int], int] = {}  # (group, topic, partition)
         # every change of a committed offset: (perf_counter(), group, topic, partition, offset)
@@ -190,6 +194,8 @@ class StubConsumer:
         self._pending_assign: list[TP] = []
         # "stub.manual_assign": join with no partitions; the test assigns with trigger_assign
         self._joined = bool(conf.get("stub.manual_assign"))
+        interleave = conf.get("stub.interleave")
+        self.interleave: int | None = None if interleave is None else int(interleave)
 
     # -- test hooks
     def trigger_revoke(self, tps: list[TP]) -> None:
@@ -322,22 +328,47 @@ class StubConsumer:
                 self.broker.lock.wait(max(0.0, min(0.05, deadline - time.monotonic())))
 
     def _take(self, n: int) -> list[Any]:
+        chunk = self.broker.interleave if self.interleave is None else self.interleave
+        if chunk > 0:
+            return self._take_interleaved(n, chunk)
         out: list[Any] = []
         for tp in list(self.assigned):
             if tp in self.paused:
                 continue
-            log = self.broker.logs[tp[0]][tp[1]]
-            pos = self.positions[tp]
-            while pos < len(log) and len(out) < n:
-                if not log[pos].aborted:
-                    out.append(StubMessage(log[pos]))
-                pos += 1
-                self.eof_sent.discard(tp)
-            self.positions[tp] = pos
-            if pos >= len(log) and self.eof_enabled and tp not in self.eof_sent and len(out) < n:
-                out.append(_EofMessage(tp, pos))
-                self.eof_sent.add(tp)
+            self._take_from(tp, n, out)
         return out
+
+    def _take_interleaved(self, n: int, chunk: int) -> list[Any]:
+        """A batch as librdkafka's queue hands one over when fetch responses of several
+        partitions arrive between two polls: ``chunk`` records of one partition, then of the
+        next, then the first one's next ``chunk`` again (P0-low, P1, P0-high), until ``n``."""
+        out: list[Any] = []
+        live = [tp for tp in self.assigned if tp not in self.paused]
+        while live and len(out) < n:
+            for tp in list(live):
+                before = self.positions[tp]
+                self._take_from(tp, min(n, len(out) + chunk), out)
+                log = self.broker.logs[tp[0]][tp[1]]
+                if self.positions[tp] == before or self.positions[tp] >= len(log):
+                    live.remove(tp)
+                if len(out) >= n:
+                    break
+        return out
+
+    def _take_from(self, tp: TP, n: int, out: list[Any]) -> None:
+        """Records of ``tp`` from its position onto ``out`` until it holds ``n`` (then its
+        end-of-partition event, if it reached the end with room left)."""
+        log = self.broker.logs[tp[0]][tp[1]]
+        pos = self.positions[tp]
+        while pos < len(log) and len(out) < n:
+            if not log[pos].aborted:
+                out.append(StubMessage(log[pos]))
+            pos += 1
+            self.eof_sent.discard(tp)
+        self.positions[tp] = pos
+        if pos >= len(log) and self.eof_enabled and tp not in self.eof_sent and len(out) < n:
+            out.append(_EofMessage(tp, pos))
+            self.eof_sent.add(tp)
 
     def close(self) -> None:
         if self.assigned and "on_revoke" in self.callbacks:

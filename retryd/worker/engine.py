@@ -289,7 +289,7 @@ class Worker:
             if self.strict is not None:
                 self.intake.decide_strict(_now_ms())  # lane heads below a revoke's bound run
             if self.intake.runs.waiting:
-                self._dispatch()  # runs parked behind busy ones (retryd.worker.runs)
+                self._dispatch()  # runs stopped as calls turned slow (retryd.worker.runs)
             self._settle_once()
             if done():
                 return True

@@ -38,7 +38,7 @@ from retryd.worker.faults import Faults
 from retryd.worker.lifecycle import FAILED, QUEUED, SKIPPED, WAITING
 from retryd.worker.partition import NEVER, PartitionState
 from retryd.worker.reading import readable_headers
-from retryd.worker.run_intake import SINGLE, RunIntake
+from retryd.worker.run_intake import RunIntake
 from retryd.worker.scheduler import Scheduler
 from retryd.worker.settle import Settler
 from retryd.worker.work import Work, new_work
@@ -102,8 +102,10 @@ class Intake:
         strict = self.strict
         stats.records += len(batch)
         # runs (retryd.worker.runs): consecutive records of a partition, collected in ``run``
-        runs = self.scheduler.fast_calls and not first_delay
-        mode = SINGLE
+        # and offered to the scheduler as one entry, which takes it as one or unfolds it
+        runs = not first_delay and self.scheduler.calls_fast()
+        offer = self.runs.offer
+        as_run = False
         run: list[Any] = []
         run_bytes = 0
         for raw in batch:
@@ -114,13 +116,13 @@ class Intake:
             partition = raw.partition()
             if partition != last_partition or topic != last_topic:
                 if run:
-                    self.runs.make(st, run, run_bytes, mode, self._new)  # type: ignore[arg-type]
+                    self.runs.make(st, run, run_bytes, self._new)  # type: ignore[arg-type]
                     run = []
                     run_bytes = 0
                 parts = by_topic.get(topic)
                 st = parts.get(partition) if parts is not None else None
                 last_topic, last_partition = topic, partition
-                mode = SINGLE if st is None else self.runs.mode(st, runs)
+                as_run = runs and st is not None and offer(st)
             if st is None or st.closing:
                 continue  # no longer ours: its next owner consumes it
             offset = raw.offset()
@@ -128,7 +130,7 @@ class Intake:
             if position is not None and offset < position:
                 continue  # delivered twice (never expected without seeks; harmless to skip)
             st.position = offset + 1
-            if mode:
+            if as_run:
                 run.append(raw)
                 run_bytes += len(raw)
                 continue
@@ -157,7 +159,7 @@ class Intake:
             except Exception as exc:  # the record's content; never the poll thread's end
                 self._malformed(w, f"unreadable record: {type(exc).__name__}: {exc}", now_ms)
         if run:
-            self.runs.make(st, run, run_bytes, mode, self._new)  # type: ignore[arg-type]
+            self.runs.make(st, run, run_bytes, self._new)  # type: ignore[arg-type]
 
     def _tier_record(
         self, w: Work, st: PartitionState, by_key: bool, now_ms: int, stats: BatchStats
@@ -301,7 +303,6 @@ class Intake:
         return due
 
     def forget(self, st: PartitionState) -> None:
-        self.runs.forget(st)
         if self.strict is not None:
             self.strict.forget(st)
         st.tail.clear()
@@ -385,7 +386,7 @@ class Intake:
     def works(self) -> list[Work]:
         """The records queued since the last call, in consumption order."""
         if self.runs.waiting:
-            self.runs.release(self._new)
+            self.runs.release()
         new = self._new
         if new:
             self._new = []

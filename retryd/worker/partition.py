@@ -92,9 +92,10 @@ class PartitionState:
         self.pending_bytes = 0
         self.pending_extra = 0  # records of ``pending`` beyond one per entry (runs)
         # ordering = key: the scheduler's key lanes of this assignment (the records of a key
-        # queued or running); a run of its records starts only while there are none
+        # queued or running); the scheduler queues a run of its records only while there are
+        # none (``retryd.worker.run_policy``)
         self.lanes = 0
-        self.runs_from = 0  # no run starts below this offset (a run failed just before)
+        self.runs_from = 0  # no run is offered below this offset (a run failed just before)
         self.tail: deque[Work] = deque()
         self.tail_bytes = 0
         # the earliest due time among tail records that wait for their time (not for an

@@ -1,5 +1,9 @@
-"""Where the intake's records of a partition go as runs (``retryd.worker.runs``), and the runs
-that wait for the poll thread: parked behind a busy run, or stopped as calls turned slow."""
+"""The intake's side of runs (``retryd.worker.runs``): it *offers* a batch's consecutive
+records of a partition as a run when the scheduler says it would take one
+(``Scheduler.offers_run``), and the scheduler decides at submit, with every record of the
+partition in view (``retryd.worker.run_policy``: the intake cannot see the single records of
+the same batch it has not submitted yet). Also the runs that wait for the poll thread: stopped
+as calls turned slow, to go on as single records."""
 
 from __future__ import annotations
 
@@ -7,73 +11,41 @@ from typing import TYPE_CHECKING, Any
 
 from retryd.config import Ordering
 from retryd.worker.lifecycle import QUEUED
-from retryd.worker.runs import new_run, resume_singles, unfold
+from retryd.worker.runs import new_run, resume_singles
 
 if TYPE_CHECKING:
     from retryd.worker.lifecycle import Lifecycle
     from retryd.worker.partition import PartitionState
     from retryd.worker.scheduler import Scheduler
-    from retryd.worker.work import Run, Work
-
-SINGLE, RUN, PARKED = 0, 1, 2  # how a batch's records of a partition go (``RunIntake.mode``)
+    from retryd.worker.work import Work
 
 
 class RunIntake:
     def __init__(self, ordering: Ordering, scheduler: Scheduler, lifecycle: Lifecycle) -> None:
         self.ordering = ordering
+        self.by_key = ordering is Ordering.KEY
         self.scheduler = scheduler
         self.lifecycle = lifecycle
-        # ordering = key: runs consumed while the partition's runs are busy and calls are not
-        # fast any more, in offset order
-        self._parked: dict[PartitionState, list[Run]] = {}
 
-    def mode(self, st: PartitionState, runs: bool) -> int:
-        """How this batch's records of ``st`` go: as single records, as a run (``runs``: calls
-        are fast), or as a run parked until the partition's runs are done."""
-        if st.delay_ms is not None or st.strict or st.closing:
-            return SINGLE
-        if st in self._parked:
-            return PARKED  # behind records already parked
-        if runs and st.position is not None and st.position < st.runs_from:
-            runs = False  # a run of it failed a moment ago
-        if self.ordering is Ordering.KEY:
-            if runs and not st.lanes:
-                return RUN
-            # a run of the partition still busy: key lanes may not start beside it
-            return PARKED if self.scheduler.busy(st) else SINGLE
-        return RUN if runs else SINGLE
+    def offer(self, st: PartitionState) -> bool:
+        """Offer this batch's records of ``st`` as a run? (Calls are fast: the caller asked.)"""
+        return self.scheduler.offers_run(st, self.by_key)
 
-    def make(
-        self, st: PartitionState, raws: list[Any], size: int, mode: int, new: list[Work]
-    ) -> None:
-        """A run of ``raws``, queued on ``new`` (or parked)."""
+    def make(self, st: PartitionState, raws: list[Any], size: int, new: list[Work]) -> None:
+        """A run of ``raws`` (consecutive records of ``st``), queued on ``new`` in consumption
+        order; its lane is its partition's unless ``ordering = none``."""
         ordering = self.ordering
-        r = new_run(
-            raws, size, st, None if ordering is Ordering.NONE else st, ordering is Ordering.KEY
-        )
-        if mode == RUN:
-            new.append(r)
-        else:
-            self._parked.setdefault(st, []).append(r)
+        lock = None if ordering is Ordering.NONE else st
+        new.append(new_run(raws, size, st, lock, self.by_key))
 
     @property
     def waiting(self) -> bool:
-        """Runs wait for the poll thread: parked, or stopped as calls turned slow."""
-        return bool(self._parked) or self.scheduler.has_slowed
+        """Runs wait for the poll thread: stopped as calls turned slow."""
+        return self.scheduler.has_slowed
 
-    def release(self, new: list[Work]) -> None:
-        """Runs stopped as calls turned slow go on as single records; parked runs of
-        partitions whose runs are done are queued on ``new`` as single records."""
+    def release(self) -> None:
+        """Runs stopped as calls turned slow go on as single records."""
         scheduler = self.scheduler
-        if scheduler.has_slowed:
-            for run in scheduler.take_slowed():
-                if run.stage is QUEUED:
-                    resume_singles(run, scheduler, self.lifecycle)  # type: ignore[arg-type]
-        if self._parked:
-            for st in [st for st in self._parked if not scheduler.busy(st)]:
-                for r in self._parked.pop(st):
-                    if r.stage is QUEUED:
-                        new.extend(unfold(r))
-
-    def forget(self, st: PartitionState) -> None:
-        self._parked.pop(st, None)
+        for run in scheduler.take_slowed():
+            if run.stage is QUEUED:
+                resume_singles(run, scheduler, self.lifecycle)  # type: ignore[arg-type]

@@ -8,18 +8,21 @@ revoke closes with), and a run that succeeds settles as one entry: its offset (t
 record's) is stored like any other. A record that fails stops its run: the poll thread
 *splits* it (``split_failed``): the records before it stay settled as the run, the failed one
 becomes a single record like any other failure (routed, or held by the circuit breaker), and
-the records after it, and every record chained behind the run, are queued again one by one
+the records after it, and every record chained or held behind the run, are queued again one by one
 behind it. Nothing a single record has is skipped: only its bookkeeping is deferred until it
 fails.
 
-When: the thread pool's calls return in microseconds (``Scheduler.fast_calls``; a single
-thread serves them anyway, so a partition running one record at a time loses no concurrency),
-a main topic with no delay before the first attempt, not strict key order. With ``ordering =
-key`` a run holds its partition's lane (its records run in offset order, so every key's order
-holds), and starts only while no key lane of the partition is busy; records consumed while a
-run is busy but calls are no longer fast are *parked* (``RunIntake``) until the partition's runs
-are done, then queued one by one. A run whose calls turn slow (``SLOW_STREAK`` in a row) stops
-and goes back as single records too, so a slow handler gets its key-level concurrency back.
+When: calls return in microseconds (the thread pool measures it, ``Scheduler.fast_calls``, or
+the scheduler's ``RunPace`` pins it; a single thread serves them anyway, so a partition running
+one record at a time loses no concurrency), a main topic with no delay before the first
+attempt, not strict key order. The intake *offers* a batch's records of a partition as a run;
+the scheduler, which owns the key lanes, decides (``retryd.worker.run_policy``): with
+``ordering = key`` a run holds its partition's lane (its records run in offset order, so every
+key's order holds) and is queued only while the partition has no single record queued,
+running or waiting behind its runs; otherwise it is unfolded into single records. Single
+records of a partition whose run is busy wait behind it in the scheduler (``held``). A run
+whose calls turn slow (``SLOW_STREAK`` in a row) stops and goes back as single records too, so
+a slow handler gets its key-level concurrency back.
 
 A revoke stops a run before its next record once the assignment is closed past it
 (``Lifecycle.step``): the records that ran are committed (``keep_done``), the rest is left to
@@ -29,14 +32,14 @@ a run is never the probe, but a probe can be taken from one (``probe_of``).
 
 from __future__ import annotations
 
-from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from retryd.handlers.base import Message
 from retryd.policy.classify import HandlerResult, Outcome
 from retryd.worker.lifecycle import FAILED, QUEUED
+from retryd.worker.run_policy import replace_in_pending, singles, unfold
 from retryd.worker.slots import SLOW_CALL_S, adapter_failure, perf
-from retryd.worker.work import Run, Work, new_work, work_of_message
+from retryd.worker.work import Run, Work, work_of_message
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Hashable
@@ -110,6 +113,9 @@ def call_run(
     observe = durations.observe
     step = lifecycle.step
     first = run.done
+    slow_call_s = scheduler.pace.slow_call_s
+    if slow_call_s is None:
+        slow_call_s = SLOW_CALL_S
     ok = dropped = calls = slow = 0
     i = run.done
     n = len(raws)
@@ -154,7 +160,7 @@ def call_run(
             else:
                 ok += 1
             i += 1
-            if seconds > SLOW_CALL_S:
+            if seconds > slow_call_s:
                 slow += 1
                 if slow >= SLOW_STREAK and i < n:
                     # calls turned slow: the rest goes back as single records, so keys run
@@ -175,40 +181,6 @@ def call_run(
 
 
 # ---------------------------------------------------------------------- poll-thread side
-def singles(run: Run, start: int) -> list[Work]:
-    """Single records (``Work``) for ``run.raws[start:]``, queued, with their ordering lock."""
-    part = run.part
-    topic, partition = part.topic, part.partition
-    by_key = run.by_key
-    lock = run.lock
-    out = []
-    for raw in run.raws[start:]:
-        w = new_work(raw, topic, partition, raw.offset(), part)
-        w.size = len(raw)
-        w.lock = (part, raw.key()) if by_key else lock
-        out.append(w)
-    return out
-
-
-def _replace(pending: deque[Work], old: Work, new: list[Work], keep: bool) -> None:
-    """Put ``new`` in ``old``'s place in ``pending`` (after it, with ``keep``)."""
-    at = pending.index(old) + (1 if keep else 0)
-    pending.rotate(-at)
-    if not keep:
-        pending.popleft()
-    pending.extendleft(reversed(new))
-    pending.rotate(at)
-
-
-def unfold(run: Run) -> list[Work]:
-    """A run that never started becomes its single records, in its place in pending."""
-    part = run.part
-    works = singles(run, 0)
-    _replace(part.pending, run, works, keep=False)
-    part.pending_extra -= run.extra
-    return works
-
-
 def split_failed(run: Run, scheduler: Scheduler, lifecycle: Lifecycle) -> Work | None:
     """A run whose record ``run.done`` failed (or timed out): that record becomes a single
     FAILED record with the run's result, to be settled like any failure (its key's lane held
@@ -271,8 +243,9 @@ def _split(
     run: Run, head: Work, scheduler: Scheduler, lifecycle: Lifecycle, *, ready: bool = False
 ) -> bool:
     """``run`` (FAILED, or QUEUED and out of the ready queue) gives way to ``head`` (its
-    record ``run.done``), the records after it and those chained behind it, all single
-    records in its lane's place; the records before ``run.done`` stay, settled, as the run."""
+    record ``run.done``), the records after it and those chained or held behind it
+    (``Scheduler.detach``), all single records in its lane's place; the records before
+    ``run.done`` stay, settled, as the run."""
     part = run.part
     i = run.done
     raws = run.raws
@@ -293,10 +266,10 @@ def _split(
         run.size -= moved
         part.pending_extra -= len(raws) - i
         run.extra = i - 1
-        _replace(pending, run, [head, *rest], keep=True)
+        replace_in_pending(pending, run, [head, *rest], keep=True)
     else:
         part.pending_extra -= run.extra
-        _replace(pending, run, [head, *rest], keep=False)
+        replace_in_pending(pending, run, [head, *rest], keep=False)
     if ready:
         scheduler.submit([head, *rest, *later])
     else:
@@ -323,4 +296,4 @@ def keep_done(part: PartitionState, lifecycle: Lifecycle) -> None:
         run.size -= sum(w.size for w in rest)
         part.pending_extra -= len(raws) - i
         run.extra = i - 1
-        _replace(part.pending, run, rest, keep=True)
+        replace_in_pending(part.pending, run, rest, keep=True)

@@ -32,6 +32,16 @@ A record keeps its lane until its outcome is decided, not merely until its call 
 Releasing is idempotent (a record releases its successor once; the tail entry is removed only
 by the record it names), so a slot and the poll thread may both look at one record.
 
+**Runs** (``retryd.worker.runs``): the intake offers consecutive records of a partition as
+one entry while calls are fast; whether it goes as one is decided here, at submit, with every
+record of its partition in view (``retryd.worker.run_policy``). With ``ordering=key`` a run's
+lane is its partition (state), and the two kinds of lane of one partition never hold records
+at once: a run is unfolded into single records while the partition has a key lane (or records
+held), and a single record submitted while a run holds the partition is *held* (``_held``)
+until that lane is released, then queued in its key's lane, in offset order. Unfolding
+rewrites the partition's ``pending``: only ``submit`` (the poll thread) unfolds; a slot that
+releases a run's lane queues held single records, never a run.
+
 **The gate.** The outage circuit breaker shuts it (``set_gate(False)``): ready records stay in
 line, in order, and nothing starts except the one record offered as the *probe*
 (``offer_probe``), which the circuit chose itself (``retryd.worker.circuit``).
@@ -53,9 +63,11 @@ from typing import TYPE_CHECKING
 
 from retryd.policy.classify import Outcome
 from retryd.worker.lifecycle import DECIDING, DISCARDED, FAILED, QUEUED, SUCCEEDED
+from retryd.worker.run_policy import RunPace, may_go, offered, unfold
 
 if TYPE_CHECKING:
-    from retryd.worker.work import Work
+    from retryd.worker.partition import PartitionState
+    from retryd.worker.work import Run, Work
 
 _RETRY = Outcome.RETRY
 
@@ -68,7 +80,7 @@ FAIL_STREAK = 8
 
 
 class Scheduler:
-    def __init__(self) -> None:
+    def __init__(self, pace: RunPace | None = None) -> None:
         self.lock = threading.Lock()
         self.ready: deque[Work] = deque()
         self._tails: dict[Hashable, Work] = {}  # last record (queued or running) of a busy key
@@ -84,9 +96,13 @@ class Scheduler:
         self.failing = 0  # retryable failures in a row, as slots finished them
         self.probe: Work | None = None  # the record offered as the probe, not yet taken
         # the thread pool's calls return in microseconds: records may run as runs
-        # (``retryd.worker.runs``); only ``ThreadPool`` sets it
+        # (``retryd.worker.runs``); only ``ThreadPool`` measures it, ``pace`` may pin it
         self.fast_calls = False
+        self.pace = pace or RunPace()
         self._slowed: list[Work] = []  # runs stopped as calls turned slow, for the poll thread
+        # ordering = key: single records of a partition submitted while a run holds it, in
+        # offset order, queued when its lane is released
+        self._held: dict[Hashable, list[Work]] = {}
 
     def __len__(self) -> int:
         """Records ready to start (not counting chained ones)."""
@@ -142,6 +158,16 @@ class Scheduler:
                     return w
         return None
 
+    # ------------------------------------------------------------------ runs
+    def calls_fast(self) -> bool:
+        """May the intake offer runs at all (calls return in microseconds)?"""
+        return self.pace.calls_fast(self.fast_calls)
+
+    def offers_run(self, st: PartitionState, by_key: bool) -> bool:
+        """Should the intake offer this batch's records of ``st`` as a run? A hint read
+        without the lock (``run_policy.offered``); ``submit`` decides."""
+        return offered(st, by_key, self._held)
+
     # ------------------------------------------------------------------ lanes
     def submit(self, works: Iterable[Work]) -> int:
         """Queue records in offset order (per key); returns how many became ready."""
@@ -151,6 +177,7 @@ class Scheduler:
     def _submit_locked(self, works: Iterable[Work]) -> int:
         made_ready = 0
         tails = self._tails
+        held = self._held
         append = self.ready.append
         for w in works:
             key = w.lock
@@ -158,12 +185,19 @@ class Scheduler:
                 append(w)
                 made_ready += 1
                 continue
+            if w.many and not self._takes_run(w):  # a run offered: unfolded, queued as singles
+                made_ready += self._submit_locked(unfold(w))  # type: ignore[arg-type]
+                continue
             tail = tails.get(key)
             if tail is not None:
                 tail.next = w
             else:
                 if type(key) is tuple:  # a key lane (ordering = key): counted per partition
-                    key[0].lanes += 1
+                    part = key[0]
+                    if part in tails:  # a run holds the partition: this waits behind it
+                        held.setdefault(part, []).append(w)
+                        continue
+                    part.lanes += 1
                 if w.stage is DECIDING:  # strict key order: decided first
                     self.decisions.append(w)
                 else:
@@ -171,6 +205,12 @@ class Scheduler:
                     made_ready += 1
             tails[key] = w
         return made_ready
+
+    def _takes_run(self, w: Work) -> bool:
+        """Does ``w``, a run with a lane, go as one (``run_policy.may_go``)? With ``ordering =
+        partition`` always: its records and single ones share the partition's lane."""
+        run: Run = w  # type: ignore[assignment]
+        return not run.by_key or may_go(run, self._held)
 
     def slowed(self, run: Work) -> None:
         """A slot stopped ``run`` as calls turned slow: the poll thread requeues the rest of
@@ -187,15 +227,11 @@ class Scheduler:
             out, self._slowed = self._slowed, []
             return out
 
-    def busy(self, lock: Hashable) -> bool:
-        """Something holds ``lock``'s lane (queued or running). Read without the lock: a
-        stale answer only delays the caller by one poll."""
-        return lock in self._tails
-
     def detach(self, run: Work) -> list[Work]:
         """A failed run's lane (``retryd.worker.runs``): the records chained behind it, which
-        never started, leave the scheduler with it, in order (they are queued again as single
-        records, behind the failure)."""
+        never started, leave the scheduler with it, in order, and then the single records
+        held behind its partition's runs (they are all queued again as single records, behind
+        the failure)."""
         chain = []
         with self.lock:
             nxt, run.next = run.next, None
@@ -208,6 +244,7 @@ class Scheduler:
             last = chain[-1] if chain else run
             if key is not None and self._tails.get(key) is last:
                 del self._tails[key]
+                chain.extend(self._held.pop(key, ()))
         return chain
 
     def place(self, failed: Work, works: list[Work]) -> None:
@@ -273,6 +310,8 @@ class Scheduler:
             del self._tails[key]
             if type(key) is tuple:
                 key[0].lanes -= 1
+            elif self._held and key in self._held:  # a run's partition: what waited behind it
+                self._submit_locked(self._held.pop(key))
 
     def _settled_here(self, w: Work) -> bool:
         """Does the slot that ran (or refused) ``w`` release its lane? Yes for a success
@@ -382,6 +421,8 @@ class Scheduler:
             tails = self._tails
             for key in [k for k, w in tails.items() if local(w)]:
                 del tails[key]
+            for part in [p for p in self._held if p in gone]:
+                del self._held[part]
             decisions = self.decisions
             if any(local(w) for w in decisions):
                 kept = [w for w in decisions if not local(w)]

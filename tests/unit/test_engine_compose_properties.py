@@ -4,7 +4,14 @@ on the stub broker, over the feature combinations (issue 23).
 Combinations: ordering {key, partition, none} x circuit breaker {on, off} x key_order {none,
 strict} x exactly_once {on, off} x handler {def, async def, and one of batch def / batch async
 def in turn}, where allowed (strict order needs ordering=key and is not combined with
-exactly_once). Each combination is one pytest item; in
+exactly_once), each one with partitions *interleaved* in a consumed batch or not, in turn
+(every feature combination meets both, CI size unchanged). Interleaved, the stub's consume
+hands a batch over as librdkafka's queue does when fetch responses of several partitions
+arrive between two polls: a few records of one partition, then of another, then the first
+again (issue 31 fault 8: P0-low, P1, P0-high). With a ``def`` handler it also runs *runs*
+(``retryd.worker.runs``): the pace is pinned fast, however long the calls take, and a failed
+run puts runs off for a few records only, so the backoff point falls inside batches. Each
+combination is one pytest item; in
 it, Hypothesis drives a ``RuleBasedStateMachine`` whose steps are what production throws at a
 worker: records arriving, a revoke to a new member, a lost assignment, a clean restart, an
 outage of the business service (every call fails until it ends), acknowledgements that arrive
@@ -46,6 +53,7 @@ import contextlib
 import gc
 import hashlib
 import itertools
+import math
 import os
 import tempfile
 import threading
@@ -70,9 +78,11 @@ from retryd.handlers.python_handler import PythonHandler
 from retryd.policy import headers as h
 from retryd.policy import key_order as ko
 from retryd.worker import loop_pool
+from retryd.worker import runs as runs_module
 from retryd.worker.assembly import build_worker
 from retryd.worker.engine import Worker
 from retryd.worker.lifecycle import Lifecycle
+from retryd.worker.run_policy import RunPace
 from tests.stub_kafka import LateAcksProducer, StubBroker, StubReader, members
 from tests.support import wait_for
 
@@ -86,6 +96,10 @@ TIMEOUT_S = 0.2
 EXAMPLES = int(os.environ.get("RETRYD_COMPOSE_EXAMPLES", "3"))
 STEPS = int(os.environ.get("RETRYD_COMPOSE_STEPS", "10"))
 SETTLE_S = float(os.environ.get("RETRYD_COMPOSE_SETTLE_S", "60"))  # progress bound
+INTERLEAVE = 2  # records of a partition at a time in an interleaved batch
+# interleaved: records of a partition that go singly after a failed run; with INTERLEAVE an
+# arrival's batch then holds P0-low (singles), P1, P0-high (offered as a run)
+RUNS_BACKOFF = 2
 
 
 class Combo(NamedTuple):
@@ -94,13 +108,14 @@ class Combo(NamedTuple):
     strict: bool
     exactly_once: bool
     kind: str
+    interleaved: bool = False
 
     @property
     def name(self) -> str:
         return (
             f"{self.ordering}-{'breaker' if self.breaker else 'nobreaker'}-"
             f"{'strict' if self.strict else 'nostrict'}-{'eos' if self.exactly_once else 'alo'}-"
-            f"{self.kind}"
+            f"{self.kind}{'-interleaved' if self.interleaved else ''}"
         )
 
 
@@ -114,11 +129,13 @@ _FEATURES = [
 ]
 BATCH = 2  # records per batch call (max_in_flight 4: two calls at a time)
 # Per feature combination the two per-record handlers and one batch handler, def and async def
-# in turn (every batch kind meets every ordering; CI size grows by half, not double).
+# in turn (every batch kind meets every ordering; CI size grows by half, not double), and
+# interleaved batches or not in turn (each feature combination meets both; the defaults, key
+# order with the breaker, at-least-once, with a def handler, run interleaved, with runs).
 COMBOS = [
-    Combo(*features, kind)
+    Combo(*features, kind, interleaved=(i + j) % 2 == 0)
     for i, features in enumerate(_FEATURES)
-    for kind in ("sync", "async", "batch-sync" if i % 2 == 0 else "batch-async")
+    for j, kind in enumerate(("sync", "async", "batch-sync" if i % 2 == 0 else "batch-async"))
 ]
 
 
@@ -332,7 +349,7 @@ class Group:
         self.combo = combo
         self.service = service
         self.root = Path(tempfile.mkdtemp(prefix="retryd-compose-"))
-        self.broker = StubBroker()
+        self.broker = StubBroker(interleave=INTERLEAVE if combo.interleaved else 0)
         for topic in (MAIN, TIER):
             self.broker.create(topic, PARTITIONS)
         self.broker.create(FAILED, 1)
@@ -395,6 +412,10 @@ class Group:
             producer_factory=producer,
             reader_factory=lambda conf: StubReader(broker, conf),
         )
+        if c.interleaved and c.kind == "sync":
+            # runs whatever the calls take (the thread pool's measurement never says fast
+            # for 0-3 ms calls), run through to their end or first failure
+            worker.scheduler.pace = RunPace(fast=True, slow_call_s=math.inf)
         stub = members(worker)
 
         def target() -> None:
@@ -427,6 +448,12 @@ class Group:
         self.start_member()
 
     def produce(self, n: int, keys: int) -> None:
+        # interleaved: an arrival is fetched at once, as one batch (the interleaving is inside
+        # a batch)
+        with self.broker.lock if self.combo.interleaved else contextlib.nullcontext():
+            self._produce(n, keys)
+
+    def _produce(self, n: int, keys: int) -> None:
         for _ in range(n):
             i = self.produced
             self.produced += 1
@@ -711,6 +738,8 @@ class ComposedEngine(RuleBasedStateMachine):
 @pytest.mark.parametrize("combo", COMBOS, ids=[c.name for c in COMBOS])
 def test_every_feature_keeps_every_guarantee(combo: Combo, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(loop_pool, "ASYNC_CANCEL_GRACE_S", 0.1)
+    if combo.interleaved:
+        monkeypatch.setattr(runs_module, "RUNS_BACKOFF", RUNS_BACKOFF)
     record_expiries(monkeypatch)
     machine = type(f"Composed_{combo.name}", (ComposedEngine,), {"combo": combo})
     run = machine.TestCase
