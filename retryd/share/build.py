@@ -1,8 +1,9 @@
 """Composition of a share worker: clients, checks and parts built once, complete.
 
 Building does I/O, like the group worker's assembly: it reads the share group's configuration
-and refuses a handler timeout that may outlast the record lock (``retryd.share.group``), and
-checks that every topic exists, before it joins the group.
+and refuses a handler timeout that may outlast the record lock (``retryd.share.group``), or a
+delay before the first attempt that the lock cannot hold with a call (``retryd.share.delay``),
+and checks that every topic exists, before it joins the group.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from retryd.policy.routing import RoutePlanner
 from retryd.runtime.circuit_control import CommandReader
 from retryd.runtime.heartbeat import HeartbeatWriter
 from retryd.share.calls import Calls
+from retryd.share.delay import check_first_delay
 from retryd.share.gate import ShareGate
 from retryd.share.group import (
     GroupConfigWatch,
@@ -89,6 +91,7 @@ def build_share_worker(
     admin = new_admin(admin_config(common_config(settings), "share-check"))
     group = read_group_config(admin, settings.share_group_id)
     check_lock(group, call_s, settings.handler_timeout_s)
+    check_first_delay(group, call_s, plan.first_delay_ms)  # delay= waits under the lock too
     counts = _check_topics(admin, settings)
     start_from_earliest(admin, group)
     producer = new_producer(worker_producer_config(settings))

@@ -44,7 +44,13 @@ import time
 from collections.abc import Hashable
 from typing import Any
 
-from retryd.policy.circuit import Breaker, BreakerPolicy, CircuitSnapshot, CircuitState
+from retryd.policy.circuit import (
+    Breaker,
+    BreakerPolicy,
+    CircuitAction,
+    CircuitSnapshot,
+    CircuitState,
+)
 from retryd.policy.classify import HandlerResult, Outcome
 from retryd.policy.headers import DEAD_EXHAUSTED
 from retryd.runtime.circuit_control import CommandReader
@@ -177,11 +183,14 @@ class ShareGate:
         return False
 
     def idle_s(self, now_ms: int) -> float:
-        """How long the worker may wait with nothing in hand before looking again."""
+        """How long the worker may wait with nothing in hand before looking again. (The
+        breaker's fields are read once each: with role all the tiers worker may change them
+        meanwhile, and a wait a little off is harmless where a torn read is not.)"""
         b = self.breaker
-        if b.state is OPEN and b.next_probe_ms is not None:
-            return min(ORDERS_S, max(0.01, (b.next_probe_ms - now_ms) / 1000))
-        return ORDERS_S if b.state is OPEN else 0.05
+        state, due = b.state, b.next_probe_ms
+        if state is OPEN and due is not None:
+            return min(ORDERS_S, max(0.01, (due - now_ms) / 1000))
+        return ORDERS_S if state is OPEN else 0.05
 
     # ------------------------------------------------------------------ evidence
     def answered(self, rec: Any, now_ms: int) -> None:
@@ -251,8 +260,10 @@ class ShareGate:
                     self.breaker.force(cmd.action, now_ms, cmd.by)
         b = self.breaker
         if b.state is OPEN:
-            if time.monotonic() - self.polled_at >= self.keepalive_s and b.next_probe_ms:
-                b.next_probe_ms = min(b.next_probe_ms, now_ms)  # early: keep the membership
+            if time.monotonic() - self.polled_at >= self.keepalive_s:
+                # early, to keep the membership: the operators' "probe now", which decides
+                # under the breaker's lock (never a write of its fields from here)
+                b.force(CircuitAction.PROBE, now_ms, "the share worker's poll interval")
             if b.probe_due(now_ms):
                 log.info("circuit half-open: the share worker lets one call through")
         self._follow()

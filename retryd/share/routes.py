@@ -1,6 +1,7 @@
 """Where the share worker sends a record it does not simply accept: its tier or
 ``failed_topic`` (a copy, acks=all, then ACCEPT), a record on its last delivery, a record the
-open circuit left uncalled, and what a refused copy becomes. Part of ``ShareWorker``
+open circuit left uncalled, a record its lock cannot hold until its first attempt is due
+(``retryd.share.delay``), and what a refused copy becomes. Part of ``ShareWorker``
 (``retryd.share.worker``), kept apart to keep each module small."""
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from retryd.policy.classify import HandlerResult, Outcome
 from retryd.policy.headers import DEAD_EXHAUSTED, DEAD_NON_RETRYABLE, DEAD_REASON
 from retryd.policy.oversize import DEAD_TOO_LARGE, route_too_large
 from retryd.policy.routing import Route, RoutePlanner, planning_now_ms
+from retryd.share.delay import not_due
 from retryd.share.gate import ShareGate, not_called
 from retryd.worker.events import BatchStats
 from retryd.worker.router import Router
@@ -33,10 +35,24 @@ class Acquired:
 
     msg: Any  # the client's message
     view: Message
-    acquired: float  # monotonic: when the poll returned it (its lock started a bit earlier)
+    acquired: float  # monotonic: the earliest its lock may have started (retryd.share.fetch)
     result: HandlerResult | None = None
+    attempt: int = 0  # its running (or last) call's attempt: only that call's answer counts
+    due: float = 0.0  # monotonic: not to be called before (delay=, retryd.share.delay)
     route: Route | None = None
     done: bool = field(default=False)
+
+
+def acquired(msg: Any, since: float) -> Acquired:
+    """A record of a poll, with the handler's view of it (built without copying a field)."""
+    view = Message.__new__(Message)
+    view._raw = msg
+    view._env = None
+    view._hdrs = None
+    view.topic = msg.topic()
+    view.partition = msg.partition()
+    view.offset = msg.offset()
+    return Acquired(msg, view, since)
 
 
 class Routes:
@@ -97,6 +113,22 @@ class Routes:
         rec.result = result
         self._route(rec, route)
         return 1
+
+    def _not_due(self, rec: Acquired, due_ms: int) -> None:
+        """A record its lock cannot hold until its first attempt is due: on to its first tier
+        without a call when that tier brings it back no earlier than due, else RELEASEd."""
+        result = not_due(due_ms)
+        route = self._plan(rec, result)
+        if route.is_dead or route.due_ms is None or route.due_ms < due_ms:
+            log.warning(
+                "%s: its lock cannot hold it until its first attempt (delay=) and its tier "
+                "would bring it back too early: released",
+                rec.view.where,
+            )
+            self._ack(rec, AcknowledgeType.RELEASE)
+            return
+        rec.result = result
+        self._route(rec, route)
 
     def _route(self, rec: Acquired, route: Route) -> None:
         if rec.route is None:

@@ -37,6 +37,14 @@ delivery: a worker that keeps taking more than it can run within a lock (whole p
 batches of slow records) brings records to their last delivery, so each batch's releases are
 logged and counted (``retryd_share_acknowledgements_total{type="release"}``).
 
+**Calls** (``retryd.share.calls``) each carry an attempt number: only the current attempt's
+answer counts, so a timed-out call's late answer never settles its record's rerun. Every call
+has a deadline, async ones too (a loop frozen past it is abandoned and replaced), so the loop
+never waits on business code without one. **A delay before the first attempt** (``delay=``)
+holds a record in hand until due (``retryd.share.delay``). **Polls** are guarded and timed by
+``retryd.share.fetch``: an exception from the client never ends the worker by itself, and a
+record's lock is timed from the earliest moment it may have been acquired.
+
 **The outage circuit breaker** (``retryd.share.gate``): while the circuit is open the loop
 does not poll, records of the batch in hand not started yet wait for it (or go on to their tier
 uncalled when their lock runs out), and a retryable failure that trips the window runs again in
@@ -56,19 +64,20 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import AcknowledgeType, KafkaError, KafkaException
+from confluent_kafka import AcknowledgeType, KafkaException
 
 from retryd.errors import HungHandlersError, KafkaRuntimeError, RetrydError
-from retryd.handlers.base import Message
 from retryd.handlers.quick import QuickCounts
-from retryd.metrics.registry import SHARE_ACKNOWLEDGEMENTS
 from retryd.policy.classify import Outcome
 from retryd.policy.routing import RoutePlanner
 from retryd.runtime.heartbeat import HeartbeatWriter
 from retryd.share.calls import Calls, Finished
+from retryd.share.delay import first_due_ms
+from retryd.share.fetch import Fetcher
 from retryd.share.gate import ShareGate
 from retryd.share.group import GroupConfigWatch, ShareGroupConfig, start_budget_s
-from retryd.share.routes import Acquired, Routes
+from retryd.share.report import Reports
+from retryd.share.routes import Acquired, Routes, acquired
 from retryd.tracing import NO_TRACING, Tracing
 from retryd.worker.events import BatchStats, Events
 from retryd.worker.router import Router
@@ -82,7 +91,6 @@ def _now_ms() -> int:
 
 ACK_WAIT_S = 0.002  # wait for a call while copies' acknowledgements are awaited
 CALL_WAIT_S = 0.05  # wait for a call otherwise (a call's end wakes it at once)
-GAUGE_S = 0.2  # retryd_handler_inflight is published at most this often
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +109,7 @@ class ShareParts:
     tracing: Tracing = NO_TRACING  # stamps a routed copy with its call's traceparent
 
 
-class ShareWorker(Routes):
+class ShareWorker(Routes, Reports):
     def __init__(self, parts: ShareParts) -> None:
         self.parts = parts
         s = parts.settings
@@ -116,15 +124,23 @@ class ShareWorker(Routes):
         self.gate = parts.gate
         self._use(parts.group)
         self._rerun: list[Acquired] = []  # the confirming probe, run again in place
+        self._again: list[Acquired] = []  # cut off by an abandoned event loop: run again
+        self.first_delay_ms = s.plan.first_delay_ms
         self._beat_at = 0.0
         self.stats = BatchStats()
         self.fault: RetrydError | None = None
         self._stop = threading.Event()
+        self.fetch = Fetcher(parts.consumer, self._stop, s.max_poll_interval_ms / 1000)
         self._open = 0  # records of the batch in hand not yet acknowledged
         self.acks = {"accept": 0, "release": 0}  # since the last publish
         self._inflight_seen = -1
         self._gauge_at = 0.0
         self.handled = 0  # records acknowledged (tests and the run summary)
+
+    @property
+    def client_errors(self) -> int:
+        """Exceptions from the share consumer's poll and commit_async, ever."""
+        return self.fetch.errors
 
     def stop(self) -> None:
         """Finish the batch in hand, then close. Signal-safe."""
@@ -153,7 +169,7 @@ class ShareWorker(Routes):
         )
         if self.parts.watch is not None:
             self.parts.watch.start()
-        gate = self.gate
+        gate, fetch = self.gate, self.fetch
         try:
             while not self._stop.is_set() and self.fault is None:
                 self._beat("running")
@@ -165,21 +181,14 @@ class ShareWorker(Routes):
                     self._stop.wait(gate.idle_s(now_ms))
                     continue
                 gate.polled()
-                try:
-                    batch = consumer.poll(s.poll_timeout_s)
-                except KafkaException as exc:
-                    err = exc.args[0] if exc.args else None
-                    if isinstance(err, KafkaError) and err.fatal():
-                        self.fault = KafkaRuntimeError(f"share consumer fatal error: {err}")
-                        break
-                    log.warning("share consumer poll: %s", exc)
-                    continue
+                batch, since = fetch.poll(s.poll_timeout_s)  # since: its locks' earliest start
                 started = time.monotonic()
-                records = [self._acquired(m, started) for m in batch if self._readable(m)]
+                records = [acquired(m, since) for m in batch if self._readable(m)]
                 if records:
                     self._batch(records)
-                    consumer.commit_async()
+                    fetch.commit()
                     self._publish(started)
+                self.fault = self.fault or fetch.fault
         finally:
             self._close()
         if self.fault is not None:
@@ -194,52 +203,41 @@ class ShareWorker(Routes):
             self.fault = KafkaRuntimeError(f"share consumer fatal error: {err}")
         return False
 
-    @staticmethod
-    def _acquired(msg: Any, now: float) -> Acquired:
-        view = Message.__new__(Message)
-        view._raw = msg
-        view._env = None
-        view._hdrs = None
-        view.topic = msg.topic()
-        view.partition = msg.partition()
-        view.offset = msg.offset()
-        return Acquired(msg, view, now)
-
     def _batch(self, records: list[Acquired]) -> None:
         """Every record of the batch acknowledged (or the worker stopping on a fault)."""
-        waiting = deque(records)
         self._open = len(records)
         self._rerun.clear()
+        self._again.clear()
+        waiting = deque(r for r in records if self._due(r))
+        if len(waiting) < len(records):
+            log.warning(
+                "%d of %d records went on to their tier uncalled: their lock (%gs) cannot hold "
+                "them until their first attempt is due (delay=%gs) with a call",
+                len(records) - len(waiting),
+                len(records),
+                self.lock_s,
+                self.first_delay_ms / 1000,
+            )
         calls, router, gate = self.calls, self.router, self.gate
         budget_s, lock_s = self.budget_s, self.lock_s
         late = uncalled = 0
         while self._open and self.fault is None:
             now = time.monotonic()
+            while self._again:
+                waiting.appendleft(self._again.pop())
             if self._rerun and calls.running < self.max_in_flight:
-                calls.start(self._rerun[0], self._rerun[0].view)
-                self._rerun.clear()
+                self._start(self._rerun.pop())
             if waiting and not gate.closed:  # records in hand wait for the circuit...
                 for rec in [r for r in waiting if now + budget_s > r.acquired + lock_s]:
                     waiting.remove(rec)  # ...while their lock holds a call (gate module)
                     uncalled += self._uncalled(rec)
-            while waiting and calls.running < self.max_in_flight:
-                rec = waiting[0]
-                count = rec.msg.delivery_count() or 1
-                if count >= self.limit and count > 1:
-                    self._last_delivery(waiting.popleft(), count)
-                elif self._stop.is_set():
-                    self._ack(waiting.popleft(), AcknowledgeType.RELEASE)
-                elif now + budget_s > rec.acquired + lock_s:
-                    self._ack(waiting.popleft(), AcknowledgeType.RELEASE)  # no time left
-                    late += 1
-                elif gate.may_start(rec):
-                    calls.start(waiting.popleft(), rec.view)
-                else:
-                    break  # the circuit is open: it waits in hand
+            late += self._start_waiting(waiting, now)
             gate.tick(_now_ms())
             self._gauge(now)
             self._beat("running")  # (rate-limited by the writer) a long batch stays alive
-            self._wait(ACK_WAIT_S if router.inflight else CALL_WAIT_S)
+            wait_s = ACK_WAIT_S if router.inflight else CALL_WAIT_S
+            held = [r.due for r in waiting if r.due > now]  # delay=: wake when one is due
+            self._wait(min(wait_s, min(held) - now) if held else wait_s)
             for finished in calls.expire(time.monotonic()):
                 self._finished(finished)
             self._settle_reports()
@@ -271,17 +269,50 @@ class ShareWorker(Routes):
         self._gauge(None)
         self.events.abandoned(calls.abandoned)
 
-    def _gauge(self, now: float | None) -> None:
-        """Calls in flight, published when it changed, at most every ``GAUGE_S`` (``None``:
-        now, at a batch's end)."""
-        running = self.calls.running
-        if running == self._inflight_seen:
-            return
-        if now is not None and now - self._gauge_at < GAUGE_S:
-            return
-        self._inflight_seen = running
-        self._gauge_at = time.monotonic()
-        self.events.inflight(running)
+    def _start_waiting(self, waiting: deque[Acquired], now: float) -> int:
+        """Start what may start while calls are free; returns how many were released because
+        their lock could no longer hold a call."""
+        gate, late = self.gate, 0
+        for rec in list(waiting):
+            if self.calls.running >= self.max_in_flight:
+                break
+            count = rec.msg.delivery_count() or 1
+            if count >= self.limit and count > 1:
+                waiting.remove(rec)
+                self._last_delivery(rec, count)
+            elif self._stop.is_set():
+                waiting.remove(rec)
+                self._ack(rec, AcknowledgeType.RELEASE)
+            elif now + self.budget_s > rec.acquired + self.lock_s:
+                waiting.remove(rec)
+                self._ack(rec, AcknowledgeType.RELEASE)  # no time left
+                late += 1
+            elif rec.due > now:
+                continue  # its first attempt is not due yet (delay=): held in hand
+            elif rec is gate.probe or gate.may_start(rec):
+                waiting.remove(rec)
+                self._start(rec)
+            else:
+                break  # the circuit is open: it waits in hand
+        return late
+
+    def _start(self, rec: Acquired) -> None:
+        rec.attempt = self.calls.start(rec, rec.view)
+
+    def _due(self, rec: Acquired) -> bool:
+        """Keep ``rec`` in hand to be called (``delay=``: once due, ``rec.due``); False when
+        its lock cannot hold it until due, and it went on without a call (delay module)."""
+        if not self.first_delay_ms:
+            return True
+        now_ms = _now_ms()
+        due_ms = first_due_ms(rec.msg, self.first_delay_ms, now_ms)
+        if due_ms <= now_ms:
+            return True
+        rec.due = time.monotonic() + (due_ms - now_ms) / 1000
+        if rec.due + self.budget_s <= rec.acquired + self.lock_s:
+            return True
+        self._not_due(rec, due_ms)
+        return False
 
     def _wait(self, timeout_s: float) -> None:
         """Until a call ends (or ``timeout_s``), then everything that ended meanwhile."""
@@ -304,7 +335,12 @@ class ShareWorker(Routes):
     # ------------------------------------------------------------------ outcomes
     def _finished(self, finished: Finished) -> None:
         rec: Acquired = finished.token
+        if rec.done or finished.attempt != rec.attempt:
+            return  # an earlier call's answer: never this record's (Calls drops them first)
         result = finished.result
+        if result is None:  # cut off by an abandoned event loop, not answered: again
+            self._again.append(rec)
+            return
         rec.result = result
         self.stats.duration(rec.view.topic).observe(finished.seconds)
         if result.outcome is Outcome.SUCCESS or result.outcome is Outcome.DROP:
@@ -341,35 +377,6 @@ class ShareWorker(Routes):
             return
         self.handled += 1
         self.acks["accept" if kind == AcknowledgeType.ACCEPT else "release"] += 1
-
-    def _committed(self, offsets: Any, exc: Any) -> None:
-        if exc is not None:
-            log.warning(
-                "share acknowledgements refused (%s): those records are handed out again", exc
-            )
-
-    # ------------------------------------------------------------------ observability
-    def _publish(self, started: float) -> None:
-        stats, self.stats = self.stats, BatchStats()
-        stats.quick_retries, stats.quick_rescued = self.parts.quick.take()
-        for kind, n in self.acks.items():
-            if n:
-                SHARE_ACKNOWLEDGEMENTS.labels(type=kind).inc(n)
-        self.acks = {"accept": 0, "release": 0}
-        if stats:
-            self.events.batch(stats, started, time.monotonic())
-
-    def _beat(self, state: str) -> None:
-        """This process's heartbeat, with its circuit (role main: role all's tiers worker
-        writes it otherwise), at most once per the writer's interval."""
-        hb = self.parts.heartbeat
-        if hb is None:
-            return
-        now = time.monotonic()
-        if now - self._beat_at < hb.interval_s:
-            return
-        self._beat_at = now
-        hb.beat(0, 0, state, circuit=self.gate.snapshot())
 
     def _close(self) -> None:
         if self.parts.watch is not None:

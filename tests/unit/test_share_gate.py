@@ -230,3 +230,50 @@ def test_keys_and_the_uncalled_result() -> None:
     assert record_key(Msg(None, 3)) == ("orders", 0, 3)
     result = not_called("the circuit was open")
     assert result.outcome is Outcome.RETRY and result.error_class == "circuit_open"
+
+
+class ClosedMeanwhile(Breaker):
+    """A breaker whose probe time the other poll thread (role all's tiers worker) clears
+    between two reads of it from outside the breaker: the first such read sees the probe
+    time, every later one None. Inside the breaker's own decisions (under ``LockedBreaker``'s
+    lock) its fields hold still."""
+
+    reads = 0
+    inside = False
+
+    @property  # type: ignore[override]
+    def next_probe_ms(self) -> int | None:
+        if self.inside:
+            return self._probe
+        self.reads += 1
+        return self._probe if self.reads == 1 else None
+
+    @next_probe_ms.setter
+    def next_probe_ms(self, value: int | None) -> None:
+        self._probe = value
+        self.reads = 0
+
+    def probe_due(self, now_ms: int) -> bool:
+        self.inside = True
+        try:
+            return super().probe_due(now_ms)
+        finally:
+            self.inside = False
+
+    def force(self, action: CircuitAction, now_ms: int, by: str) -> None:
+        self.inside = True
+        try:
+            super().force(action, now_ms, by)
+        finally:
+            self.inside = False
+
+
+def test_the_probe_time_is_read_once_while_the_other_thread_may_clear_it() -> None:
+    b = ClosedMeanwhile(POLICY, T0, draw=lambda: 0.5)
+    b.force(CircuitAction.OPEN, T0, "ops")
+    g = ShareGate(b, NullSink(), None, owner=True, keepalive_s=150.0)
+    assert g.idle_s(T0) == 1.0  # probe in 5 s: look again within the orders' interval
+    b.next_probe_ms = T0 + 5_000
+    g.keepalive_s = 0.0  # the membership needs a poll now: the probe comes early
+    g.tick(T0 + 10)
+    assert g.state.value == "half_open"
