@@ -44,6 +44,7 @@ import asyncio
 import binascii
 import json
 import logging
+import re
 from collections.abc import Sequence
 from json.encoder import encode_basestring_ascii
 from typing import Any
@@ -56,7 +57,7 @@ from retryd.handlers.http_handler import (
     encode_kafka_headers,
     redact_url,
 )
-from retryd.handlers.http_pool import HttpPool
+from retryd.handlers.http_pool import HttpFramingError, HttpPool
 from retryd.policy.classify import HandlerResult, Outcome, timeout_result
 from retryd.policy.error_routes import error_name
 
@@ -71,6 +72,10 @@ MISSING_CLASS = "bulk_missing_result"  # the answer named no result for this rec
 BAD_ANSWER_CLASS = "bulk_bad_answer"  # not JSON, or not {"results": [...]}
 TOO_LARGE_CLASS = "bulk_answer_too_large"
 BAD_STATUS_CLASS = "bulk_bad_status"  # a status word other than the four
+
+# An id sent as a string: ASCII digits only (str.isdigit takes "²", which int() refuses) and
+# few enough for int() to be cheap
+_ID_TEXT = re.compile(r"[0-9]{1,18}")
 
 _SUCCESS = HandlerResult.success()
 _DROP = HandlerResult(Outcome.DROP)
@@ -133,6 +138,16 @@ def request_body(messages: Sequence[Message]) -> bytes:
     return f'{{"records":[{records}]}}'.encode("ascii")
 
 
+def _shown(value: object) -> str:
+    """A JSON value of the answer, short, for an error message: never a container's repr
+    (which recurses as deep as the answer nests)."""
+    if isinstance(value, str):
+        return repr(value[:64])
+    if isinstance(value, int | float) or value is None:  # (bool is an int)
+        return repr(value)[:64]
+    return f"<a JSON {'object' if isinstance(value, dict) else 'array'}>"
+
+
 def _entry_result(entry: dict[str, Any], status_code: int) -> HandlerResult:
     word = entry.get("status")
     word = word.upper() if isinstance(word, str) else word
@@ -145,7 +160,7 @@ def _entry_result(entry: dict[str, Any], status_code: int) -> HandlerResult:
     outcome = _OUTCOMES.get(word) if isinstance(word, str) else None
     if outcome is None:
         return HandlerResult(
-            Outcome.RETRY, BAD_STATUS_CLASS, f"unknown status {str(word)[:64]!r} for this record"
+            Outcome.RETRY, BAD_STATUS_CLASS, f"unknown status {_shown(word)} for this record"
         )
     named = entry.get("error_name")
     return HandlerResult(
@@ -178,7 +193,7 @@ def results_from_answer(
         entries = doc["results"]
         if not isinstance(entries, list):
             raise TypeError("results is not a list")
-    except (ValueError, TypeError, KeyError, UnicodeDecodeError) as exc:
+    except (ValueError, TypeError, KeyError, RecursionError) as exc:  # RecursionError: nesting
         bad = HandlerResult(
             Outcome.RETRY, BAD_ANSWER_CLASS, f"answer is not {{'results': [...]}}: {exc}"[:512]
         )
@@ -189,7 +204,7 @@ def results_from_answer(
         rest = _entry_result({"status": default}, status_code)
         if not isinstance(default, str) or rest.error_class == BAD_STATUS_CLASS:
             rest = HandlerResult(
-                Outcome.RETRY, BAD_ANSWER_CLASS, f"unknown default_status {str(default)[:64]!r}"
+                Outcome.RETRY, BAD_ANSWER_CLASS, f"unknown default_status {_shown(default)}"
             )
         if not entries:
             return [rest] * n
@@ -197,7 +212,7 @@ def results_from_answer(
     unknown = 0
     for entry in entries:
         ident = entry.get("id") if isinstance(entry, dict) else None
-        if isinstance(ident, str) and ident.isdigit():
+        if isinstance(ident, str) and _ID_TEXT.fullmatch(ident):
             ident = int(ident)
         if type(ident) is not int or not 0 <= ident < n or out[ident] is not None:
             unknown += 1  # an id never sent, or named twice (the first one counts)
@@ -272,7 +287,7 @@ class HttpBulkHandler:
         except TimeoutError:
             logger.debug("bulk POST %s (%d records) timed out", self._shown_url, n)
             return [timeout_result(self.timeout_s)] * n
-        except OSError as exc:
+        except (OSError, HttpFramingError) as exc:  # (a malformed answer: its connection closed)
             logger.debug("bulk POST %s failed: %r", self._shown_url, exc)
             failed = HandlerResult(
                 Outcome.RETRY, CONNECTION_ERROR_CLASS, f"{type(exc).__name__}: {exc}"[:512]

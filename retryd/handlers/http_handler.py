@@ -49,7 +49,7 @@ not followed); a JSON body ``{"status": "SUCCESS|RETRY|DROP|DEAD"}`` overrides t
 ``X-Retryd-Error`` response header, for the error routes (``retryd.policy.error_routes``): a
 value that is not a short token is ignored. A timeout is ``timeout``; any other transport
 failure is a retryable ``connection_error``. Nothing raises: the adapter turns every failure,
-its own included, into a result.
+its own included, into a result (an answer that is not HTTP/1.1 is a ``connection_error``).
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ from retryd.handlers.http_headers import (
     decode_kafka_headers,
     encode_kafka_headers,
 )
-from retryd.handlers.http_pool import HttpPool
+from retryd.handlers.http_pool import HttpFramingError, HttpPool
 from retryd.policy.classify import HandlerResult, Outcome, classify_http, timeout_result
 from retryd.policy.error_routes import error_name
 
@@ -94,7 +94,7 @@ __all__ = [
 MAX_RESPONSE_BYTES = 64 * 1024
 VALUE_NULL = "X-Retryd-Value-Null"
 ERROR_HEADER = "X-Retryd-Error"  # in a response: the error class the service names
-CONNECTION_ERROR_CLASS = "connection_error"
+CONNECTION_ERROR_CLASS = "connection_error"  # also an answer that is not HTTP (HttpFramingError)
 REQUEST_ERROR_CLASS = "http_request_error"
 
 
@@ -306,7 +306,7 @@ class HttpHandler:
                 "%s: POST %s timed out after %gs", message.where, self._shown_url, self.timeout_s
             )
             return timeout_result(self.timeout_s)
-        except OSError as exc:
+        except (OSError, HttpFramingError) as exc:  # (a malformed answer: its connection closed)
             logger.debug("%s: POST %s failed: %r", message.where, self._shown_url, exc)
             return HandlerResult(
                 Outcome.RETRY, CONNECTION_ERROR_CLASS, f"{type(exc).__name__}: {exc}"[:512]
@@ -337,7 +337,10 @@ class HttpHandler:
         content_type: str | None,
         named: str | None,
     ) -> HandlerResult:
-        result = classify_http(status, payload, content_type, named)
+        try:
+            result = classify_http(status, payload, content_type, named)
+        except RecursionError:  # JSON nested too deep to read: as with non-JSON, the code decides
+            result = classify_http(status, payload, "application/octet-stream", named)
         if result.outcome is not Outcome.SUCCESS:
             logger.debug(
                 "%s: POST %s answered %d -> %s",

@@ -108,7 +108,9 @@ def body_status(body: bytes, content_type: str | None) -> Outcome | None:
         return None
     try:
         doc = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        # a body nested past the interpreter's recursion limit has no status word we can read:
+        # the status code decides, as for any body that is not JSON (it must never raise)
         return None
     if isinstance(doc, dict) and isinstance(doc.get("status"), str):
         return _BODY_STATUS.get(doc["status"].upper())

@@ -6,6 +6,8 @@ import base64
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from retryd.handlers.base import Message
 from retryd.handlers.http_bulk import (
@@ -151,3 +153,78 @@ def test_a_single_record_answer_is_not_every_records_success() -> None:
     # A single-record service pointed at bulk mode by mistake: no "results", so a bad answer.
     got = results_from_answer(2, 200, b'{"status": "SUCCESS"}', None)
     assert [(r.outcome, r.error_class) for r in got] == [(Outcome.RETRY, BAD_ANSWER_CLASS)] * 2
+
+
+# -- answers that once made the adapter raise (issue 31): each is a result, never an exception
+
+
+@pytest.mark.parametrize("ident", ["²", "\u0661", "\uff11", "9" * 5000, "-1", " 1", "1.0", ""])
+def test_an_id_that_is_not_ascii_digits_is_an_unknown_id(ident: str) -> None:
+    body = _answer({"id": ident, "status": "SUCCESS"}, {"id": "1", "status": "DEAD"})
+    got = results_from_answer(2, 200, body, None)
+    assert [(r.outcome, r.error_class) for r in got] == [
+        (Outcome.RETRY, MISSING_CLASS),
+        (Outcome.DEAD, "http_200"),
+    ]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"[" * 100_000 + b"]" * 100_000,
+        b'{"results": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+        b'{"results": [], "default_status": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+    ],
+)
+def test_a_deeply_nested_answer_is_a_bad_answer(body: bytes) -> None:
+    got = results_from_answer(2, 200, body, None)
+    assert [(r.outcome, r.error_class) for r in got] == [(Outcome.RETRY, BAD_ANSWER_CLASS)] * 2
+
+
+def test_nested_status_words_are_named_without_their_contents() -> None:
+    deep: object = "SUCCESS"
+    for _ in range(900):  # parses; a repr of it recurses about as deep as the parse did
+        deep = [deep]
+    body = json.dumps({"results": [{"id": 0, "status": deep}], "default_status": deep})
+    got = results_from_answer(2, 200, body.encode(), None)
+    assert [(r.outcome, r.error_class) for r in got] == [
+        (Outcome.RETRY, BAD_STATUS_CLASS),
+        (Outcome.RETRY, BAD_ANSWER_CLASS),
+    ]
+    assert got[0].error_message == "unknown status <a JSON array> for this record"
+
+
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner),
+    max_leaves=20,
+)
+_entries = st.fixed_dictionaries(
+    {},
+    optional={
+        "id": st.integers(-2, 4) | st.text(max_size=4) | _json_values,
+        "status": st.sampled_from(["SUCCESS", "dead", "Drop", "RETRY", "x"]) | _json_values,
+        "error": _json_values,
+        "error_name": _json_values,
+    },
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    doc=st.fixed_dictionaries(
+        {"results": st.lists(_entries | _json_values, max_size=6)},
+        optional={"default_status": _json_values | st.just("SUCCESS")},
+    )
+    | _json_values,
+    status=st.sampled_from([200, 204, 299, 400, 503]),
+)
+def test_no_answer_makes_the_reader_raise(doc: object, status: int) -> None:
+    got = results_from_answer(3, status, json.dumps(doc).encode(), None)
+    assert len(got) == 3 and all(isinstance(r.outcome, Outcome) for r in got)
+
+
+@settings(max_examples=200, deadline=None)
+@given(body=st.binary(max_size=64))
+def test_no_bytes_make_the_reader_raise(body: bytes) -> None:
+    assert len(results_from_answer(2, 200, body, None)) == 2
