@@ -173,6 +173,18 @@ class StubBroker:
         return p
 
 
+@dataclass(frozen=True)
+class Serve:
+    """One ``StubConsumer.consume``: the count asked for, the records it could have handed
+    out when it took them (``StubConsumer.ready``), the records and all messages (records
+    and end-of-partition events) it handed out."""
+
+    asked: int
+    ready: int
+    records: int
+    messages: int
+
+
 class StubConsumer:
     def __init__(self, broker: StubBroker, conf: dict[str, Any]) -> None:
         self.broker = broker
@@ -196,6 +208,8 @@ class StubConsumer:
         self._joined = bool(conf.get("stub.manual_assign"))
         interleave = conf.get("stub.interleave")
         self.interleave: int | None = None if interleave is None else int(interleave)
+        # a test that sets a list here gets one ``Serve`` per consume() (opt-in: unbounded)
+        self.serves: list[Serve] | None = None
 
     # -- test hooks
     def trigger_revoke(self, tps: list[TP]) -> None:
@@ -322,10 +336,29 @@ class StubConsumer:
         deadline = time.monotonic() + max(timeout, 0)
         with self.broker.lock:
             while True:
+                ready = self.ready(num_messages) if self.serves is not None else 0
                 out = self._take(num_messages)
                 if out or time.monotonic() >= deadline:
+                    if self.serves is not None:
+                        records = sum(1 for m in out if m.error() is None)
+                        self.serves.append(Serve(num_messages, ready, records, len(out)))
                     return out
                 self.broker.lock.wait(max(0.0, min(0.05, deadline - time.monotonic())))
+
+    def ready(self, limit: int | None = None) -> int:
+        """Records a consume() could hand out now, counted up to ``limit``: from each
+        assigned, unpaused partition's position to its end (aborted ones never are)."""
+        count = 0
+        with self.broker.lock:
+            for tp in self.assigned:
+                if tp in self.paused:
+                    continue
+                log = self.broker.logs[tp[0]][tp[1]]
+                for pos in range(self.positions[tp], len(log)):
+                    if limit is not None and count >= limit:
+                        return count
+                    count += not log[pos].aborted
+        return count
 
     def _take(self, n: int) -> list[Any]:
         chunk = self.broker.interleave if self.interleave is None else self.interleave

@@ -3,23 +3,32 @@ on the stub broker, over the feature combinations (issue 23).
 
 Combinations: ordering {key, partition, none} x circuit breaker {on, off} x key_order {none,
 strict} x exactly_once {on, off} x handler {def, async def, and one of batch def / batch async
-def in turn}, where allowed (strict order needs ordering=key and is not combined with
-exactly_once), each one with partitions *interleaved* in a consumed batch or not, in turn
-(every feature combination meets both, CI size unchanged). Interleaved, the stub's consume
-hands a batch over as librdkafka's queue does when fetch responses of several partitions
-arrive between two polls: a few records of one partition, then of another, then the first
-again (issue 31 fault 8: P0-low, P1, P0-high). With a ``def`` handler it also runs *runs*
-(``retryd.worker.runs``): the pace is pinned fast, however long the calls take, and a failed
-run puts runs off for a few records only, so the backoff point falls inside batches. Each
-combination is one pytest item; in
-it, Hypothesis drives a ``RuleBasedStateMachine`` whose steps are what production throws at a
+def in turn} x partitions *interleaved* in a consumed batch or contiguous x tier consumer {own,
+shared} x, for a ``def`` handler, *runs* {on, off}, where allowed (strict order needs
+ordering=key and is not combined with exactly_once; exactly_once keeps one consumer, so it is
+``shared`` by construction). Not the full product: 14 feature rows x 3 handlers, chosen so that
+every allowed pair of values of any two dimensions runs together
+(``test_every_dimension_meets_every_other``); the id names every dimension. Interleaved, the
+stub's consume hands a batch over as librdkafka's queue does when fetch responses of several
+partitions arrive between two polls: a few records of one partition, then of another, then the
+first again (issue 31 fault 8: P0-low, P1, P0-high). Tiers ``own``: role ``all`` reads its
+tiers on a second group member (``retryd.worker.split_consumer``, two stub members) and
+consumes batches of ``OWN_TIERS_BATCH``, so that a tier's due copies fill the tiers' share of a
+batch; every consume must then poll the main member and hand out a quarter of the batch of main
+records while it has them (``MainShare``; issue 31 fault 9), and the ``tier_backlog`` step
+makes such a tier (an outage's copies, main records arriving, a new member). Runs
+(``retryd.worker.runs``) on: the scheduler's pace is pinned fast, however long the calls take,
+and a failed run puts runs off for a few records only, so the backoff point falls inside
+batches; off: pinned slow, no runs at all. Each combination is one pytest item; in it,
+Hypothesis drives a ``RuleBasedStateMachine`` whose steps are what production throws at a
 worker: records arriving, a revoke to a new member, a lost assignment, a clean restart, an
-outage of the business service (every call fails until it ends), acknowledgements that arrive
-late. Per call, the outcome is random: success, retryable or non-retryable failure, a hang past
-the timeout, and for ``async def`` a call that ignores its cancellation (its loop abandoned).
-A batch handler (``handle_batch``, two records per call) answers per record, as an exception
-instance, ``retryd.Retry``/``retryd.Dead``, None or True; one hang (or ignored cancellation)
-holds its whole call, whose every record then times out.
+outage's backlog in the tier met by a new member, an outage of the business service (every call
+fails until it ends), acknowledgements that arrive late. Per call, the outcome is random:
+success, retryable or non-retryable failure, a hang past the timeout, and for ``async def`` a
+call that ignores its cancellation (its loop abandoned). A batch handler (``handle_batch``, two
+records per call) answers per record, as an exception instance,
+``retryd.Retry``/``retryd.Dead``, None or True; one hang (or ignored cancellation) holds its
+whole call, whose every record then times out.
 
 Invariants, checked while it runs (order) and once everything settled:
 
@@ -32,7 +41,9 @@ Invariants, checked while it runs (order) and once everything settled:
 - **progress**: every partition's committed offset reaches its end within a bound once the
   faults stop;
 - **strict order**: per key, first successes come in offset order; every chain entry is
-  removed at the end.
+  removed at the end;
+- **the main member is served** (tiers ``own``): every consume polls it and hands out at least
+  a quarter of the batch of main records while it has them, however deep the tier.
 
 Calls abandoned past their timeout are excluded from the overlap checks: Python cannot stop a
 thread, which the README says. That is every call the engine timed out (noted where it does,
@@ -83,6 +94,7 @@ from retryd.worker.assembly import build_worker
 from retryd.worker.engine import Worker
 from retryd.worker.lifecycle import Lifecycle
 from retryd.worker.run_policy import RunPace
+from retryd.worker.split_consumer import SplitConsumer
 from tests.stub_kafka import LateAcksProducer, StubBroker, StubReader, members
 from tests.support import wait_for
 
@@ -97,8 +109,9 @@ EXAMPLES = int(os.environ.get("RETRYD_COMPOSE_EXAMPLES", "3"))
 STEPS = int(os.environ.get("RETRYD_COMPOSE_STEPS", "10"))
 SETTLE_S = float(os.environ.get("RETRYD_COMPOSE_SETTLE_S", "60"))  # progress bound
 INTERLEAVE = 2  # records of a partition at a time in an interleaved batch
-# interleaved: records of a partition that go singly after a failed run; with INTERLEAVE an
-# arrival's batch then holds P0-low (singles), P1, P0-high (offered as a run)
+# runs on: records of a partition that go singly after a failed run, so the backoff point
+# falls inside batches; interleaved (INTERLEAVE), an arrival's batch then holds P0-low
+# (singles), P1, P0-high (offered as a run)
 RUNS_BACKOFF = 2
 
 
@@ -109,32 +122,67 @@ class Combo(NamedTuple):
     exactly_once: bool
     kind: str
     interleaved: bool = False
+    tiers: str = "own"  # tier_consumer: the tiers on a group member of their own, or shared
+    runs: bool | None = None  # a def handler's runs pinned on or off (None: other kinds)
 
     @property
     def name(self) -> str:
+        """Every dimension, so that a failing id says the whole combination."""
+        runs = "" if self.runs is None else ("-runs" if self.runs else "-noruns")
         return (
             f"{self.ordering}-{'breaker' if self.breaker else 'nobreaker'}-"
             f"{'strict' if self.strict else 'nostrict'}-{'eos' if self.exactly_once else 'alo'}-"
-            f"{self.kind}{'-interleaved' if self.interleaved else ''}"
+            f"{self.kind}{runs}-{'interleaved' if self.interleaved else 'contiguous'}-"
+            f"tiers_{self.tiers}"
         )
 
 
+# The feature combinations (strict order needs ordering=key and is not combined with
+# exactly_once), each with its tier consumer and, for a def handler, runs on or off. Chosen so
+# that every value of every dimension meets every value of every other one (checked by
+# ``test_every_dimension_meets_every_other``), and tiers x interleaved x handler kind, runs x
+# interleaved x tiers, runs x ordering x interleaved all occur, in 14 combinations. Exactly-once
+# keeps one consumer (its transactions commit one member's offsets): shared by construction.
 _FEATURES = [
-    (ordering, breaker, strict, eos)
-    for ordering in ("key", "partition", "none")
-    for breaker in (True, False)
-    for strict in (False, True)
-    for eos in (False, True)
-    if not strict or (ordering == "key" and not eos)
+    # ordering, breaker, strict, exactly_once, tier_consumer, runs (def handler)
+    ("key", True, False, False, "own", True),  # the defaults, with runs
+    ("key", True, False, True, "shared", True),
+    ("key", True, True, False, "shared", False),
+    ("key", False, False, False, "own", False),
+    ("key", False, False, True, "shared", True),
+    ("key", False, True, False, "own", True),
+    ("partition", True, False, False, "own", False),
+    ("partition", True, False, True, "shared", False),
+    ("partition", False, False, False, "own", True),
+    ("partition", False, False, True, "shared", True),
+    ("none", True, False, False, "own", False),
+    ("none", True, False, True, "shared", False),
+    ("none", False, False, False, "shared", True),
+    ("none", False, False, True, "shared", True),
 ]
 BATCH = 2  # records per batch call (max_in_flight 4: two calls at a time)
+# Consumed batch of a worker whose tiers are on their own member: small, so that the due
+# copies of an outage's backlog fill the tiers' share of it (all but a quarter) while main
+# records arrive (issue 31 fault 9: the main member went unpolled). Shared: the default.
+OWN_TIERS_BATCH = 8
 # Per feature combination the two per-record handlers and one batch handler, def and async def
 # in turn (every batch kind meets every ordering; CI size grows by half, not double), and
-# interleaved batches or not in turn (each feature combination meets both; the defaults, key
-# order with the breaker, at-least-once, with a def handler, run interleaved, with runs).
+# interleaved batches or not in turn: def with even, async def with odd feature combinations,
+# the batch handler every second pair (so batch def and batch async def each meet both). The
+# defaults, key order with the breaker, at-least-once, tiers on their own member, with a def
+# handler, run interleaved, with runs.
 COMBOS = [
-    Combo(*features, kind, interleaved=(i + j) % 2 == 0)
-    for i, features in enumerate(_FEATURES)
+    Combo(
+        ordering,
+        breaker,
+        strict,
+        eos,
+        kind,
+        interleaved=(i + j + (i // 2 if j == 2 else 0)) % 2 == 0,
+        tiers=tiers,
+        runs=runs if kind == "sync" else None,
+    )
+    for i, (ordering, breaker, strict, eos, tiers, runs) in enumerate(_FEATURES)
     for j, kind in enumerate(("sync", "async", "batch-sync" if i % 2 == 0 else "batch-async"))
 ]
 
@@ -340,6 +388,56 @@ def _raise_for(outcome: str) -> None:
 LATE_ACKS = [0.0]
 
 
+# ----------------------------------------------------------------------------- the members
+class MainShare:
+    """Role ``all``'s two members (``tier_consumer = own``): every consume of the worker's
+    ``SplitConsumer`` polls its main member and hands out at least a quarter of the batch
+    (one record at least) of main records while the main member has them, however many due
+    copies the tiers member holds (issue 31 fault 9). Noted on the poll thread, per call;
+    checked by the machine. A call during which the main member's assignment or pauses
+    changed (a rebalance runs inside its consume) is not judged."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.violations: list[str] = []
+
+    def watch(self, member: int, split: SplitConsumer) -> None:
+        main: Any = split.main
+        tiers: Any = split.tiers
+        consume = split.consume
+        main.serves = []
+
+        def noted(num_messages: int = 1, timeout: float = -1) -> list[Any]:
+            before = (list(main.assigned), set(main.paused))
+            ready = main.ready(num_messages)
+            polls = len(main.serves)
+            out = consume(num_messages, timeout)
+            if before != (list(main.assigned), set(main.paused)) or num_messages < 2:
+                return out
+            from_main = sum(1 for m in out if m.topic() == MAIN)
+            quarter = max(1, num_messages // 4)
+            wrong = []
+            if len(main.serves) == polls:
+                wrong.append("main member not polled")
+            if from_main < min(ready, quarter):
+                wrong.append(f"main handed {from_main} of {ready} ready")
+            if wrong:
+                with self.lock:
+                    self.violations.append(
+                        f"member {member} consume({num_messages}): {wrong}; "
+                        f"tiers ready now {tiers.ready(num_messages)}; batch "
+                        f"{[(m.topic(), m.partition(), m.offset()) for m in out]}"
+                    )
+            return out
+
+        split.consume = noted  # type: ignore[method-assign]
+
+    def check(self, combo: Combo) -> None:
+        with self.lock:
+            violations = list(self.violations)
+        assert not violations, f"{combo.name}: main member starved: {violations[:3]}"
+
+
 # ----------------------------------------------------------------------------- the group
 class Group:
     """Members that own every partition one after the other, as the coordinator hands them
@@ -360,6 +458,7 @@ class Group:
         self.handovers: list[tuple[float, dict[tuple[str, int], int]]] = []
         self.tps = [(t, p) for t in (MAIN, TIER) for p in range(PARTITIONS)]
         self.produced = 0
+        self.shares = MainShare()
 
     def start_member(self) -> None:
         index = len(self.members)
@@ -372,6 +471,8 @@ class Group:
             state_dir=self.root / f"m{index}",
             handler="python:tests.unit.test_engine_loop:unused",
             handler_timeout_s=TIMEOUT_S,
+            tier_consumer=c.tiers,
+            batch_size=OWN_TIERS_BATCH if c.tiers == "own" else 500,
             max_poll_interval_ms=30_000,
             session_timeout_ms=6_000,
             poll_timeout_s=0.02,
@@ -412,11 +513,18 @@ class Group:
             producer_factory=producer,
             reader_factory=lambda conf: StubReader(broker, conf),
         )
-        if c.interleaved and c.kind == "sync":
-            # runs whatever the calls take (the thread pool's measurement never says fast
-            # for 0-3 ms calls), run through to their end or first failure
-            worker.scheduler.pace = RunPace(fast=True, slow_call_s=math.inf)
+        # exactly-once keeps one consumer whatever tier_consumer says
+        reads = worker.parts.consumer
+        assert isinstance(reads, SplitConsumer) == (c.tiers == "own"), f"{c.name}: {reads!r}"
+        if c.runs is not None:
+            # runs on: whatever the calls take (the thread pool's measurement never says
+            # fast for 0-3 ms calls), run through to their end or first failure; off: never
+            worker.scheduler.pace = (
+                RunPace(fast=True, slow_call_s=math.inf) if c.runs else RunPace(fast=False)
+            )
         stub = members(worker)
+        if isinstance(reads, SplitConsumer):
+            self.shares.watch(index, reads)
 
         def target() -> None:
             try:
@@ -673,6 +781,30 @@ class ComposedEngine(RuleBasedStateMachine):
         assert self.group is not None
         self.group.handover(how)
 
+    @rule(n=st.integers(6, 18))
+    def tier_backlog(self, n: int) -> None:
+        """A tier deep with due copies while main records arrive (issue 31 fault 9): ``n``
+        records fail in an outage and their copies go to the tier (unless the breaker holds
+        them), main records arrive, and a new member (a revoke) finds the copies all due at
+        once beside them."""
+        group = self.group
+        assert group is not None
+        worker = group.members[-1][0]
+        was_down = self.service.down.is_set()
+        self.service.down.set()
+        copies = len(group.broker.records(TIER))
+        group.produce(n, 4)
+        with contextlib.suppress(AssertionError):
+            wait_for(
+                lambda: len(group.broker.records(TIER)) >= copies + n or not worker.circuit.closed,
+                2.0,
+                interval=0.005,
+            )
+        if not was_down:
+            self.service.down.clear()
+        group.produce(12, 4)
+        group.handover("revoke")
+
     @rule()
     def outage(self) -> None:
         """The business service fails every call until a later step (or the end) ends it."""
@@ -698,6 +830,11 @@ class ComposedEngine(RuleBasedStateMachine):
             with self.service.lock:
                 calls = list(self.service.calls)
             check_order(self.combo, calls, self.group)
+
+    @invariant()
+    def main_member_served(self) -> None:
+        if self.group is not None:
+            self.group.shares.check(self.combo)
 
     def teardown(self) -> None:
         group = self.group
@@ -729,6 +866,7 @@ class ComposedEngine(RuleBasedStateMachine):
             group.stop_all()
             check_order(self.combo, list(self.service.calls), group)
             check_outcomes(self.combo, group)
+            group.shares.check(self.combo)
             check_strict(self.combo, group)
         finally:
             LATE_ACKS[0] = 0.0
@@ -738,7 +876,7 @@ class ComposedEngine(RuleBasedStateMachine):
 @pytest.mark.parametrize("combo", COMBOS, ids=[c.name for c in COMBOS])
 def test_every_feature_keeps_every_guarantee(combo: Combo, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(loop_pool, "ASYNC_CANCEL_GRACE_S", 0.1)
-    if combo.interleaved:
+    if combo.runs:
         monkeypatch.setattr(runs_module, "RUNS_BACKOFF", RUNS_BACKOFF)
     record_expiries(monkeypatch)
     machine = type(f"Composed_{combo.name}", (ComposedEngine,), {"combo": combo})
@@ -753,6 +891,49 @@ def test_every_feature_keeps_every_guarantee(combo: Combo, monkeypatch: pytest.M
         + ([Phase.shrink] if os.environ.get("RETRYD_PROPERTY_SHRINK") else []),
     )
     run().runTest()
+
+
+_DOMAINS: dict[str, tuple[Any, ...]] = {
+    "ordering": ("key", "partition", "none"),
+    "breaker": (True, False),
+    "strict": (True, False),
+    "exactly_once": (True, False),
+    "kind": ("sync", "async", "batch-sync", "batch-async"),
+    "interleaved": (True, False),
+    "tiers": ("own", "shared"),
+    "runs": (True, False),  # def handlers only
+}
+
+
+def _allowed(values: dict[str, Any]) -> bool:
+    """Strict order needs ordering=key, not exactly-once; exactly-once keeps one consumer;
+    runs are a def handler's."""
+    if values.get("strict") and (
+        values.get("ordering", "key") != "key" or values.get("exactly_once")
+    ):
+        return False
+    if values.get("tiers") == "own" and values.get("exactly_once"):
+        return False
+    return not ("runs" in values and values.get("kind", "sync") != "sync")
+
+
+def test_every_dimension_meets_every_other() -> None:
+    """The combinations are a pairwise cover: every allowed pair of values of two dimensions
+    runs in at least one combination (and the ids are unique and name every dimension)."""
+    assert len({c.name for c in COMBOS}) == len(COMBOS)
+    missing = []
+    for a, b in itertools.combinations(_DOMAINS, 2):
+        seen = {
+            (getattr(c, a), getattr(c, b))
+            for c in COMBOS
+            if getattr(c, a) is not None and getattr(c, b) is not None
+        }
+        for pair in itertools.product(_DOMAINS[a], _DOMAINS[b]):
+            if _allowed({a: pair[0], b: pair[1]}) and pair not in seen:
+                missing.append((a, pair[0], b, pair[1]))
+    assert not missing, missing
+    assert all((c.runs is None) == (c.kind != "sync") for c in COMBOS)
+    assert all(c.tiers == "shared" for c in COMBOS if c.exactly_once)
 
 
 def _checked_alone() -> tuple[Combo, Group]:
