@@ -222,4 +222,4 @@ def test_endless_response_head_is_a_connection_error() -> None:
 
     got, _ = _with_server(serve, 1)
     assert (got[0].outcome, got[0].error_class) == (Outcome.RETRY, "connection_error")
-    assert "response head over" in (got[0].error_message or "")
+    assert "bytes of head" in (got[0].error_message or "")
