@@ -24,7 +24,8 @@ a share worker does not hold failed records in place as a consumer group's worke
   for one), so each failed probe may send up to a batch on to the tiers this way;
 - **half-open: one probe**: the failed record that tripped the window runs again in place as
   the confirming call (still acquired, while its lock holds a call), else the next record in
-  hand or the next one polled. An answer closes the circuit, a retryable failure re-opens it.
+  hand or the next one polled (so too when the probe is acknowledged without an answer). An
+  answer closes the circuit, a retryable failure re-opens it.
 
 **One breaker per process.** With role ``all`` the process's tiers worker (a consumer group,
 ``retryd.worker``) drives the same breaker (``LockedBreaker``: the two poll threads take
@@ -243,6 +244,14 @@ class ShareGate:
     def cannot_rerun(self, rec: Any) -> None:
         """The confirming record's lock cannot hold another call: the next record is the
         probe."""
+        if rec is self.probe:
+            self.probe = None
+
+    def unanswered(self, rec: Any) -> None:
+        """``rec`` is acknowledged without an answer of its own (its call cut off with an
+        abandoned event loop, then sent on uncalled once its lock could no longer hold a call;
+        released at a stop): if it was the probe, the next record is. Kept, it would hold the
+        circuit half-open with no probe to run, and the worker would never poll again."""
         if rec is self.probe:
             self.probe = None
 

@@ -369,6 +369,7 @@ class ShareWorker(Routes, Reports):
             return
         rec.done = True
         self._open -= 1
+        self.gate.unanswered(rec)  # the probe, gone without an answer: the next record probes
         try:
             self.consumer.acknowledge(rec.msg, kind)
         except (KafkaException, RuntimeError, ValueError) as exc:

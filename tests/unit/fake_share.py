@@ -9,6 +9,14 @@ record out again with its delivery count up, an acknowledgement after the lock i
 recorded in ``refused``. ``background`` stages librdkafka's fetch in flight between two polls:
 records it acquired after one poll returned empty, handed out by the next.
 Routed copies go to the in-memory ``StubProducer`` (``tests.stub_kafka``).
+
+``crash`` stages a worker that died holding a record: the fake forgets that acquisition (the
+dead worker's acknowledgement of it is refused, recorded in ``stale``), the record stays
+locked until its lock runs out, then is handed out again with its delivery count up, or
+archived when that was its last delivery. A REJECT archives its record at once; a RELEASE
+makes it available again (its next acquisition counts a delivery).
+``built_share_worker`` composes a worker as ``retryd.share.build`` does (its checks, the call
+wrapper, the breaker from the settings), minus the admin client.
 """
 
 from __future__ import annotations
@@ -23,16 +31,21 @@ from typing import Any
 
 from confluent_kafka import AcknowledgeType, IllegalStateException
 
-from retryd.config import load_settings
+from retryd.config import Settings, load_settings
 from retryd.handlers.base import Handler
 from retryd.handlers.quick import QuickCounts
 from retryd.policy.circuit import Breaker, BreakerPolicy
 from retryd.policy.routing import RoutePlanner
+from retryd.runtime.circuit_control import CommandReader
 from retryd.runtime.heartbeat import HeartbeatWriter
 from retryd.share.calls import Calls
+from retryd.share.delay import check_first_delay
 from retryd.share.gate import ShareGate
-from retryd.share.group import ShareGroupConfig
+from retryd.share.group import ShareGroupConfig, check_lock
 from retryd.share.worker import ShareParts, ShareWorker
+from retryd.tracing import NO_TRACING
+from retryd.worker.assembly import wrap_calls
+from retryd.worker.clients import worker_producer_config
 from retryd.worker.events import Events, NullSink
 from retryd.worker.router import Router
 from tests.stub_kafka import StubBroker, StubMessage, StubRecord
@@ -74,6 +87,10 @@ class FakeShareConsumer:
     poll_errors: list[BaseException] = field(default_factory=list)  # raised by the next polls
     commit_errors: list[BaseException] = field(default_factory=list)
     on_poll: Callable[[FakeShareConsumer], None] | None = None  # after each poll returns
+    ghosts: dict[int, Held] = field(default_factory=dict)  # forgotten by a crash, still locked
+    stale: list[int] = field(default_factory=list)  # acknowledged by a crashed worker: refused
+    rejected: list[int] = field(default_factory=list)  # REJECTed (archived too)
+    _forgotten: list[FakeShareMessage] = field(default_factory=list)
     polls: int = 0  # polls that returned
     attempts: int = 0  # poll calls, raising or not
     commits: int = 0
@@ -103,6 +120,24 @@ class FakeShareConsumer:
     def released(self) -> list[int]:
         with self.cond:
             return [o for o, kind in self.acks if kind == AcknowledgeType.RELEASE]
+
+    def crash(self, offset: int) -> bool:
+        """The worker holding ``offset`` died: its acquisition is forgotten (the record stays
+        locked until its lock runs out, then comes back, a delivery used). False when the
+        record was not acquired."""
+        with self.cond:
+            held = self.inflight.pop(offset, None)
+            if held is None:
+                return False
+            self.ghosts[offset] = held
+            self._forgotten.append(held.msg)
+            self.cond.notify_all()
+            return True
+
+    def delivery_count(self, offset: int) -> int:
+        """How many times ``offset`` was handed out so far."""
+        with self.cond:
+            return self.counts.get(offset, 0)
 
     # ------------------------------------------------------------------ the client's side
     def set_acknowledgement_commit_callback(self, cb: Any) -> None:
@@ -139,6 +174,8 @@ class FakeShareConsumer:
         with self.cond:
             held = self.inflight.get(offset)  # type: ignore[arg-type]
             if held is None or held.msg is not msg:
+                if any(m is msg for m in self._forgotten):
+                    self.stale.append(offset)  # type: ignore[arg-type]
                 raise IllegalStateException("the message is no longer in-flight")
             del self.inflight[offset]  # type: ignore[arg-type]
             if time.monotonic() > held.acquired_at + self.lock_s:
@@ -148,6 +185,9 @@ class FakeShareConsumer:
             self.acks.append((offset, kind))  # type: ignore[arg-type]
             if kind == AcknowledgeType.RELEASE:
                 self._back(offset)  # type: ignore[arg-type]
+            elif kind == AcknowledgeType.REJECT:
+                self.rejected.append(offset)  # type: ignore[arg-type]
+                self.archived.append(offset)  # type: ignore[arg-type]
             self.cond.notify_all()
 
     def commit_async(self) -> None:
@@ -176,6 +216,10 @@ class FakeShareConsumer:
         for offset, held in list(self.inflight.items()):
             if now > held.acquired_at + self.lock_s:
                 del self.inflight[offset]
+                self._back(offset)
+        for offset, held in list(self.ghosts.items()):
+            if now > held.acquired_at + self.lock_s:
+                del self.ghosts[offset]
                 self._back(offset)
 
     def _back(self, offset: int) -> None:
@@ -239,6 +283,58 @@ def share_worker(
                 owner=True,
                 keepalive_s=150.0,
             ),
+        )
+    )
+    return worker, broker
+
+
+def built_share_worker(
+    handler: Handler,
+    consumer: FakeShareConsumer,
+    settings: Settings,
+    *,
+    breaker: Breaker | None = None,
+) -> tuple[ShareWorker, StubBroker]:
+    """A share worker composed as ``build_share_worker`` composes one: the call wrapper
+    (``wrap_calls``), the start-up checks of the lock and of the first delay against the
+    group's configuration (here the consumer's lock and delivery limit), the call bound, the
+    breaker from ``settings``' policy, the orders reader; a stub producer, no admin client and
+    no configuration watch."""
+    plan = settings.plan
+    planner = RoutePlanner(plan, settings.group_id)
+    handler, quick = wrap_calls(settings, handler, planner, NO_TRACING)
+    call_s = max(settings.handler_timeout_s, handler.timeout_s)
+    group = ShareGroupConfig(
+        settings.share_group_id, int(consumer.lock_s * 1000), consumer.limit, "earliest", False
+    )
+    check_lock(group, call_s, settings.handler_timeout_s)
+    check_first_delay(group, call_s, plan.first_delay_ms)
+    broker = StubBroker()
+    topics = [*settings.main_topics, plan.failed_topic, *plan.tier_topics, *plan.dlt_topics]
+    for topic in topics:
+        broker.create(topic)
+    events = Events([NullSink()])
+    gate = ShareGate(
+        breaker or Breaker(settings.breaker_policy, int(time.time() * 1000)),
+        events,
+        CommandReader(settings.state_dir, settings.group_id),
+        owner=True,
+        keepalive_s=settings.max_poll_interval_ms / 2000,
+    )
+    worker = ShareWorker(
+        ShareParts(
+            settings=settings,
+            consumer=consumer,
+            router=Router(
+                broker.producer(worker_producer_config(settings)), dict.fromkeys(topics, 1)
+            ),
+            planner=planner,
+            calls=Calls(handler, settings.max_in_flight, call_s, settings.max_abandoned_handlers),
+            group=group,
+            events=events,
+            heartbeat=None,
+            quick=quick,
+            gate=gate,
         )
     )
     return worker, broker

@@ -377,3 +377,49 @@ def test_a_process_whose_sync_call_hangs_still_exits() -> None:
         [sys.executable, "-c", code], timeout=30, check=False, capture_output=True
     )
     assert proc.returncode == 0, proc.stderr
+
+
+# ---------------------------------------------------------------- found by the property test
+def test_a_probe_cut_off_then_sent_on_uncalled_does_not_stop_the_polls(tmp_path: Path) -> None:
+    """Found by ``test_share_compose_properties`` (breaker, async def): the confirming call
+    runs on the event loop of a call that swallows its cancellation; that loop is abandoned,
+    the probe is cut off, and when it comes back its lock can no longer hold a call, so it
+    goes on to its tier uncalled. The circuit is half-open and its probe gone: the next record
+    must be the probe. Before, the worker kept the gone record as its probe and never polled
+    again."""
+    calls: dict[bytes | None, int] = {}
+
+    async def swallow() -> None:
+        while True:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                continue  # business code that swallows its cancellation
+
+    async def handle(m: Message) -> None:
+        calls[m.key] = calls.get(m.key, 0) + 1
+        if m.key == b"stuck" or (m.key == b"probe" and calls[m.key] == 2):
+            await swallow()
+        if m.key == b"probe" and calls[m.key] == 1:
+            raise ValueError("trips the window")
+
+    consumer = FakeShareConsumer(lock_s=3.0)  # 0.7 s of it to start a call (0.3 s + 2 s)
+    breaker = Breaker(
+        BreakerPolicy(window_calls=1, min_failures=1, min_keys=1, probe_jitter=0.0), 0
+    )
+    worker, broker = share_worker(
+        PythonHandler(handle, timeout_s=0.3), consumer, tmp_path, breaker=breaker
+    )
+    consumer.add(b"stuck")  # started first: its loop is abandoned 1.3 s later, past 0.7 s
+    consumer.add(b"probe")  # fails, runs again in place as the probe on that loop: cut off
+    running = Running(worker)
+    try:
+        wait_for(lambda: sorted(consumer.accepted()) == [0, 1], 10, what="both acknowledged")
+        assert copies(broker) == [(b"stuck", b"timeout"), (b"probe", b"circuit_open")]
+        assert calls == {b"stuck": 1, b"probe": 2}
+        consumer.add(b"next")
+        wait_for(lambda: 2 in consumer.accepted(), 10, what="a record polled after it")
+        assert breaker.closed  # the next record was the probe, and its answer closed it
+    finally:
+        assert running.stop(10), "stop() did not complete"
+    assert running.failure is None
