@@ -10,6 +10,7 @@ import typer
 
 from retryd.config import Settings, load_settings
 from retryd.errors import ConfigError
+from retryd.hosting import early
 from retryd.runtime import logs
 
 app = typer.Typer(
@@ -28,6 +29,11 @@ BootstrapOption = typer.Option(
 
 # --log-level / --log-format given on the command line: they win over the settings.
 _LOG_FLAGS: dict[str, str] = {}
+
+# The commands that take over the stop signals held since the process's first line
+# (``retryd.hosting.early``): a signal that came while they started stops them cleanly (exit 0).
+# Every other command gets Python's dispositions back before it runs.
+STOPS_CLEANLY = frozenset({"worker", "sidecar"})
 
 
 def settings_or_exit(config: Path | None, **overrides: Any) -> Settings:
@@ -59,6 +65,7 @@ def _version_flag(value: bool) -> None:
 
 @app.callback()
 def _root(
+    ctx: typer.Context,
     log_level: str | None = typer.Option(
         None, "--log-level", help="DEBUG|INFO|WARNING|ERROR (default: settings, RETRYD_LOG_LEVEL)"
     ),
@@ -74,6 +81,8 @@ def _root(
     ),
 ) -> None:
     """retryd: retry-topic orchestration for Apache Kafka."""
+    if ctx.invoked_subcommand not in STOPS_CLEANLY:
+        early.release()
     _LOG_FLAGS.clear()
     if log_level is not None:
         _LOG_FLAGS["log_level"] = log_level

@@ -71,6 +71,12 @@ def sidecar(
     state_dir: Path | None = typer.Option(None, help="where the workers' heartbeats/metrics are"),
 ) -> None:
     """Serve /healthz, /readyz, /metrics and the /v1 replay API until SIGTERM/SIGINT."""
+    from retryd.hosting.process import StopSignals
+
+    # From here on a stop signal ends the sidecar with status 0 whenever it comes: one that
+    # came earlier (held since the process's first line) or comes before the server runs
+    # stops it before it serves anything.
+    signals = StopSignals("refusing new replays, finishing those in flight, then exit")
     settings = settings_or_exit(
         config,
         sidecar_host=host,
@@ -122,14 +128,26 @@ def sidecar(
         settings.failed_topic,
         settings.group_id,
     )
-    uvicorn.run(
-        create_app(settings, credentials=credentials),
-        host=settings.sidecar_host,
-        port=settings.sidecar_port,
-        log_level=logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower(),
-        log_config=None,  # uvicorn's loggers go through retryd's handler (text or JSON lines)
-        access_log=False,
-        timeout_graceful_shutdown=10,
-        ssl_certfile=str(settings.sidecar_tls_cert_file) if tls else None,
-        ssl_keyfile=str(settings.sidecar_tls_key_file) if tls else None,
+    if signals.requested:
+        return
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(settings, credentials=credentials),
+            host=settings.sidecar_host,
+            port=settings.sidecar_port,
+            log_level=logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower(),
+            log_config=None,  # uvicorn's loggers go through retryd's handler (text or JSON)
+            access_log=False,
+            timeout_graceful_shutdown=10,
+            ssl_certfile=str(settings.sidecar_tls_cert_file) if tls else None,
+            ssl_keyfile=str(settings.sidecar_tls_key_file) if tls else None,
+        )
     )
+    # While it serves, uvicorn's own handlers take the signals (a graceful shutdown) and give
+    # them back to ours afterwards, re-raising them: ours only marks the server stopped, so
+    # the process ends with status 0 rather than uvicorn's re-raised -15 (or, for SIGINT, a
+    # KeyboardInterrupt). A signal between here and uvicorn's handlers stops it the same way.
+    signals.attach(lambda: setattr(server, "should_exit", True))
+    server.run()
+    if not server.started and not signals.requested:
+        raise typer.Exit(3)  # uvicorn's STARTUP_FAILURE: the server never started

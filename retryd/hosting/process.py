@@ -25,6 +25,7 @@ from types import FrameType
 
 from retryd.config import Role, Settings
 from retryd.errors import DeliveryError, RetrydError, RuntimeFault, SetupError
+from retryd.hosting import early
 
 log = logging.getLogger(__name__)
 
@@ -39,21 +40,25 @@ RESTARTABLE = {EXIT_CRASH, EXIT_DELIVERY, EXIT_RUNTIME}
 
 
 class StopSignals:
-    """SIGTERM/SIGINT handling from the first line of a worker's start.
+    """SIGTERM/SIGINT handling for the whole of a worker's start.
 
-    Building a worker takes seconds (handler import, metadata, a strict key-state read). A
-    SIGTERM in that window used to find Python's default disposition and end the process
-    with -15, which a supervisor or a rolling update reads as a crash. Installed first, this
-    remembers the request; a worker attached later is stopped at once, so its ``run`` returns
-    through the normal clean shutdown (exit 0) without starting to consume.
+    Building a worker takes seconds (handler import, metadata, a strict key-state read), and
+    before that the interpreter and the CLI start. A SIGTERM in that window used to find
+    Python's default disposition and end the process with -15, which a supervisor or a rolling
+    update reads as a crash. The process's first line holds the signals
+    (``retryd.hosting.early``); this takes them over and remembers a request made at any point
+    before; a worker attached later is stopped at once, so its ``run`` returns through the
+    normal clean shutdown (exit 0) without starting to consume.
     """
 
     def __init__(self, message: str) -> None:
         self._message = message
         self._targets: list[Callable[[], None]] = []
         self.requested = False
-        signal.signal(signal.SIGTERM, self._on_signal)
-        signal.signal(signal.SIGINT, self._on_signal)
+        came = early.adopt(self._on_signal)
+        if came is not None:
+            log.info("received %s while starting: %s", signal.Signals(came).name, message)
+            self.requested = True
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         log.info("received %s: %s", signal.Signals(signum).name, self._message)
@@ -159,7 +164,10 @@ def tune_gc() -> None:
 def child_main(
     settings: Settings, role: Role, until_drained: bool, log_level: str, instance: int = 0
 ) -> None:
-    """Entry point of a supervised child (spawned: a fresh interpreter)."""
+    """Entry point of a supervised child (spawned: a fresh interpreter). The supervisor spawned
+    it with SIGTERM/SIGINT blocked (``early.blocked``), so a stop signal sent at any point of
+    its start, its interpreter's included, waits until ``hold`` can record it."""
+    early.hold()
     from retryd.runtime.logs import configure
 
     configure(log_level, settings.log_format.value)

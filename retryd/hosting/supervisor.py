@@ -2,6 +2,12 @@
 
 One Python process is GIL-bound, so throughput scales with processes (and partitions).
 
+Stop signals: SIGTERM/SIGINT at any point of the supervisor's life stop every child and end it
+with status 0 (or the worst status a child ended with), including while it starts (the signals
+are held from the process's first line, ``retryd.hosting.early``) and while a child starts:
+children are spawned with the signals blocked, so one forwarded during a child's interpreter
+start or imports waits until the child can stop cleanly (exit 0) instead of killing it (-15).
+
 A child that exits with a *runtime* status (crash, undeliverable copy, hung handlers, cluster
 unreachable) is restarted after a backoff that doubles per quick failure (1 s … 60 s) and
 resets once a child has run for a minute; the other children keep running meanwhile. A child
@@ -15,11 +21,13 @@ import logging
 import multiprocessing
 import signal
 import time
+from multiprocessing import resource_tracker
 from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
 from types import FrameType
 
 from retryd.config import Role, Settings
+from retryd.hosting import early
 from retryd.hosting.drain import DrainWatch
 from retryd.hosting.process import EXIT_OK, EXIT_SETUP, child_main
 from retryd.runtime.heartbeat import remove_heartbeat
@@ -61,9 +69,6 @@ def supervise(
 ) -> int:
     """Run ``processes`` children; ``until_drained`` stops them all once the group is drained."""
     ctx = multiprocessing.get_context("spawn")
-    watch = (
-        DrainWatch(settings.state_dir, _total_partitions(settings, role)) if until_drained else None
-    )
     level = logging.getLevelName(logging.getLogger().getEffectiveLevel())
     stopping = False
     children: dict[int, tuple[BaseProcess, float]] = {}
@@ -76,10 +81,16 @@ def supervise(
         proc = ctx.Process(
             target=child_main, args=(settings, role, False, level, slot), name="retryd-worker"
         )
-        proc.start()
-        assert proc.pid is not None
-        children[proc.pid] = (proc, time.monotonic())
-        slots[proc.pid] = slot
+        # Spawning starts multiprocessing's resource tracker the first time, and that unblocks
+        # SIGTERM/SIGINT on its way out: started first, so the child inherits the blocked mask.
+        resource_tracker.ensure_running()
+        with early.blocked():
+            # A signal to this process meanwhile is delivered when the block ends, with the
+            # child already in ``children``: on_signal stops it like the others.
+            proc.start()
+            assert proc.pid is not None
+            children[proc.pid] = (proc, time.monotonic())
+            slots[proc.pid] = slot
         log.info("started worker process pid=%s role=%s", proc.pid, role)
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -90,10 +101,16 @@ def supervise(
             if proc.is_alive() and proc.pid is not None:
                 proc.terminate()  # SIGTERM: each child finishes, flushes, commits and exits
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    came = early.adopt(on_signal)
+    if came is not None:
+        log.info("received %s while starting: no worker process started", signal.Signals(came).name)
+        return EXIT_OK
+    watch = (
+        DrainWatch(settings.state_dir, _total_partitions(settings, role)) if until_drained else None
+    )
     for slot in range(processes):
-        start_one(slot)
+        if not stopping:
+            start_one(slot)
     while children or restarts:
         now = time.monotonic()
         for due in [r for r in restarts if r[0] <= now]:

@@ -111,13 +111,23 @@ class BatchStats(_TopicHistograms):
         self.quick_rescued = 0  # records a quick retry turned into a success
 
     def __bool__(self) -> bool:
+        """Anything to publish. The engine publishes an iteration only when this is true, so
+        everything a sink counts must be here, histograms included: a failed call's duration
+        reaches the iteration that collects its slot's counters, while its outcome (retried,
+        dead) is counted only when its copy is acknowledged, often an iteration later. An
+        iteration with that duration and nothing else (no record consumed, no outcome: the
+        tail of a run) was dropped, and ``retryd_handler_duration_seconds_count`` ended one
+        short of the calls made while every outcome was counted (a 1-in-20 CI failure)."""
         return bool(
             self.records
             or self.outcomes
             or self.skipped
             or self.dead
             or self.quick_retries
+            or self.quick_rescued
             or self.key_order
+            or any(b.count for b in self.durations.values())
+            or any(b.count for b in self.lateness.values())
         )
 
 

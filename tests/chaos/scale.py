@@ -69,13 +69,13 @@ class Sizes:
     fuzz_tier: int  # fuzzed records per handler kind injected into a tier
     cluster: ClusterSizes
     # key_order = strict under worker SIGKILLs (test_strict_kills.py), run once with
-    # key_order = none for comparison: messages over ``strict_keys`` keys
+    # key_order = none for comparison: messages over ``strict_keys`` keys. What is redone is
+    # checked against the guarantee (only what a killed process had not committed), not
+    # against the other run: a ratio of two runs' redo measured how busy the machine was.
     strict_messages: int
     strict_keys: int
     strict_kills: int
     strict_kill_every_s: tuple[float, float]
-    # strict order may redo at most ``factor x none's + slack`` records (test_strict_kills.py)
-    strict_redo_bound: tuple[int, int]
     # consumer_mode = share (test_share_chaos.py): ``share_workers`` worker processes of one
     # share group, a random one SIGKILLed every ``share_kill_every_s`` and restarted
     share_messages: int = 1_500
@@ -127,7 +127,6 @@ SIZES = {
         share_workers=3,
         share_kills=12,
         share_kill_every_s=(3.0, 5.0),
-        strict_redo_bound=(2, 20),  # the issue's target: within 2x of none's
     ),
     "ci": Sizes(
         kill_messages=3_000,
@@ -171,11 +170,6 @@ SIZES = {
         share_workers=3,
         share_kills=4,
         share_kill_every_s=(2.0, 3.0),
-        # Two small counts from 4 kills each: the ratio spread 0.86-2.84x over 12 runs of
-        # this size on the shared 2-core machine (median about 1.9x; at full size 0.66x). The
-        # CI size catches a regression in kind (a crash redoing whole chains: 3.9x and up
-        # when blocked records waited a minute); the full size checks the 2x target.
-        strict_redo_bound=(3, 40),
     ),
 }
 

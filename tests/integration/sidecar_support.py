@@ -127,7 +127,8 @@ class SidecarProcess:
         assert self.proc is not None
         return self.proc.pid
 
-    def start(self, timeout: float = 30) -> SidecarProcess:
+    def spawn(self) -> subprocess.Popen[bytes]:
+        """Start the process and return at once (``start`` also waits until it serves)."""
         out = open(self.log_path, "ab")  # noqa: SIM115 - closed by the child's lifetime
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "retryd", "sidecar"],
@@ -137,18 +138,22 @@ class SidecarProcess:
             stderr=subprocess.STDOUT,
         )
         out.close()
+        return self.proc
 
-        def up() -> bool:
-            assert self.proc is not None
-            if self.proc.poll() is not None:
-                raise AssertionError(f"sidecar exited: {self.log_path.read_text()[-3000:]}")
-            try:
-                resp = httpx.get(self.url + "/healthz", timeout=1, verify=self.verify)
-                return resp.status_code == 200
-            except httpx.HTTPError:
-                return False
+    def serving(self) -> bool:
+        """/healthz answers 200 (an exited process is an error: its output says why)."""
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise AssertionError(f"sidecar exited: {self.log_path.read_text()[-3000:]}")
+        try:
+            resp = httpx.get(self.url + "/healthz", timeout=1, verify=self.verify)
+            return resp.status_code == 200
+        except httpx.HTTPError:
+            return False
 
-        wait_for(up, timeout, 0.1, "sidecar /healthz")
+    def start(self, timeout: float = 30) -> SidecarProcess:
+        self.spawn()
+        wait_for(self.serving, timeout, 0.1, "sidecar /healthz")
         return self
 
     def stop(self, timeout: float = 20) -> None:

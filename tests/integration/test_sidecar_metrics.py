@@ -9,6 +9,8 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from retryd.worker.events import BatchStats, SlotStats
+from retryd.worker.slots import Collector
 from tests.integration.sidecar_support import Env, SidecarProcess
 from tests.integration.worker_support import Deployment, deployment, stop_process
 from tests.support import json_lines, produce, read_topic, wait_for
@@ -42,6 +44,25 @@ def sidecar_env(dep: Deployment, state_dir: Path, sequence: str) -> Env:
 def _specs(n: int) -> list[dict]:
     modes = {3: {"mode": "fail_k", "k": 1}, 7: {"mode": "non_retryable"}, 9: {"mode": "always"}}
     return [{"id": f"m{i}", **modes.get(i % 10, {"mode": "ok"})} for i in range(n)]
+
+
+def test_an_iteration_with_only_call_durations_is_published() -> None:
+    """The engine publishes a poll iteration's ``BatchStats`` only when it is truthy
+    (``Worker._flush_stats``). A failed call's duration is collected from its slot one
+    iteration before its outcome, which is counted when its copy is acknowledged: an iteration
+    holding only that duration (no record consumed, no outcome) was dropped, and the test below
+    saw ``retryd_handler_duration_seconds_count`` one short (119 of 120 tier calls; 599 of 600
+    in a loop under load). No broker: the slot and collector the thread pool uses."""
+    slot = SlotStats()
+    slot.duration("main").observe(0.004)  # a failed call: counted, its outcome still to come
+    slot.late("tier").observe(0.2)
+    slot.calls += 1
+    stats = BatchStats()
+    Collector().add(slot, stats)
+    assert not stats.outcomes and not stats.records
+    assert stats, "an iteration with handler durations and nothing else must be published"
+    assert stats.durations["main"].count == 1 and stats.lateness["tier"].count == 1
+    assert not BatchStats(), "an empty iteration is not published"
 
 
 def test_metrics_sum_two_worker_processes_and_measure_lag(bootstrap: str, tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, TopicPartition
 
+from retryd.runtime.paths import heartbeat_dir
 from tests.integration.worker_support import deployment, stop_process
 from tests.support import json_lines, read_topic, wait_for
 
@@ -151,16 +152,6 @@ def test_supervisor_restarts_a_child_that_fails_at_runtime_and_keeps_the_others(
     bootstrap: str, tmp_path: Path
 ) -> None:
     dep = deployment(bootstrap, tmp_path, sequence="1s", partitions=2, handler_timeout_s=0.5)
-    # Two hung calls in the process that owns partition 0 exceed max_abandoned_handlers=1:
-    # that child exits with the runtime-fault status and must be restarted.
-    hangs = [
-        (b"h%d" % i, json.dumps({"id": f"hang{i}", "mode": "hang"}).encode()) for i in range(2)
-    ]
-    from tests.support import produce
-
-    produce(bootstrap, dep.main, hangs, partition=0)
-    oks = [{"id": f"ok{i}", "mode": "slow", "seconds": 0.01} for i in range(400)]
-    dep.send(oks)
     log = tmp_path / "sup.log"
     sup = dep.spawn_worker(
         log,
@@ -169,6 +160,33 @@ def test_supervisor_restarts_a_child_that_fails_at_runtime_and_keeps_the_others(
         env={"RETRYD_MAX_ABANDONED_HANDLERS": "1", "RETRYD_ORDERING": "none"},
     )
     try:
+        # The records come once the group has settled (each child owns one main partition,
+        # every tier partition is owned): a child that hung while the group still rebalanced
+        # could have its final commit refused (ILLEGAL_GENERATION), and the next owner of
+        # partition 0 would then hang on the same records and exit too.
+        def settled() -> bool:
+            pids = re.findall(r"started worker process pid=(\d+)", _stderr(log))
+            assigned = []
+            for pid in pids:
+                path = heartbeat_dir(dep.settings.state_dir) / f"{pid}.json"
+                try:
+                    assigned.append(json.loads(path.read_text())["assigned_partitions"])
+                except (OSError, ValueError, KeyError):
+                    return False
+            # each child's main member owns one main partition, its tiers member one tier's
+            return assigned == [2, 2]
+
+        wait_for(settled, 90, what="each child to own its partitions")
+        # Two hung calls in the process that owns partition 0 exceed max_abandoned_handlers=1:
+        # that child exits with the runtime-fault status and must be restarted.
+        hangs = [
+            (b"h%d" % i, json.dumps({"id": f"hang{i}", "mode": "hang"}).encode()) for i in range(2)
+        ]
+        from tests.support import produce
+
+        produce(bootstrap, dep.main, hangs, partition=0)
+        oks = [{"id": f"ok{i}", "mode": "slow", "seconds": 0.01} for i in range(400)]
+        dep.send(oks)
         wait_for(
             lambda: "failed at runtime (status 5); restarting it" in _stderr(log),
             60,
