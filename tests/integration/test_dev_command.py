@@ -4,6 +4,7 @@ are printed and answer (``--hold`` keeps them up after the summary until Ctrl-C)
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -25,7 +26,16 @@ def _dev(*args: str) -> subprocess.Popen[bytes]:
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
+        start_new_session=True,  # its own process group: a test that must kill it kills all
     )
+
+
+def _kill_all(proc: subprocess.Popen[bytes]) -> None:
+    """Kill ``retryd dev`` and every process it started (broker, workers, sidecar), by its
+    process group: killing the command alone left its sidecar running after a failed test."""
+    with contextlib.suppress(ProcessLookupError):  # nothing left of the group
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(10)
 
 
 def _read_until(proc: subprocess.Popen[bytes], marker: str, timeout: float) -> str:
@@ -69,9 +79,7 @@ def test_retryd_dev_prints_and_serves_the_operators_view() -> None:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(60) == 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+        _kill_all(proc)  # whatever it left behind, too
 
 
 @pytest.mark.parametrize("handler", ["http"])
@@ -81,9 +89,7 @@ def test_retryd_dev_through_a_business_service_over_http(handler: str) -> None:
     try:
         out, _ = proc.communicate(timeout=180)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+        _kill_all(proc)  # whatever it left behind, too
     text = out.decode(errors="replace")
     assert proc.returncode == 0, text[-3000:]
     assert "business service (HTTP handler contract) at http://127.0.0.1:" in text
@@ -98,9 +104,7 @@ def test_retryd_dev_on_apache_kafka() -> None:
     try:
         out, _ = proc.communicate(timeout=240)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+        _kill_all(proc)  # whatever it left behind, too
     text = out.decode(errors="replace")
     assert proc.returncode == 0, text[-3000:]
     assert "Apache Kafka pid=" in text, text[-3000:]
@@ -120,9 +124,7 @@ def test_retryd_dev_stopped_by_sigterm_leaves_nothing_running() -> None:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+        _kill_all(proc)  # whatever it left behind, too
 
     def gone(pid: int) -> bool:
         try:
