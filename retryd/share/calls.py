@@ -44,6 +44,7 @@ from typing import Any, NamedTuple
 
 from retryd.handlers.base import AsyncHandler, Handler, Message, SyncHandler, is_async_handler
 from retryd.policy.classify import HandlerResult, timeout_result
+from retryd.runtime.loop_thread import start_loop_thread
 from retryd.worker.loop_pool import ASYNC_CANCEL_GRACE_S
 from retryd.worker.slots import adapter_failure
 
@@ -299,23 +300,9 @@ class _Loop:
 
     def __init__(self, calls: Calls, generation: int) -> None:
         self.calls = calls
-        self.loop = asyncio.new_event_loop()
-        started = threading.Event()
-        self.thread = threading.Thread(
-            target=self._main, args=(started,), name=f"retryd-share-loop-{generation}", daemon=True
+        self.loop, self.thread = start_loop_thread(
+            f"retryd-share-loop-{generation}", on_exit=lambda: calls._loop_ended(self)
         )
-        self.thread.start()
-        started.wait(10)
-
-    def _main(self, started: threading.Event) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.call_soon(started.set)
-        try:
-            self.loop.run_forever()
-        finally:
-            self.calls._loop_ended(self)
-            with contextlib.suppress(Exception):
-                self.loop.close()
 
     def submit(self, coro: Any) -> None:
         try:

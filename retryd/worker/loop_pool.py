@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -25,6 +24,7 @@ from dataclasses import dataclass
 
 from retryd.handlers.base import AsyncHandler
 from retryd.policy.classify import timeout_result
+from retryd.runtime.loop_thread import start_loop_thread
 from retryd.worker.events import BatchStats, SlotStats
 from retryd.worker.lifecycle import SUCCEEDED, Lifecycle
 from retryd.worker.scheduler import Scheduler
@@ -211,27 +211,9 @@ class _Loop:
         self.slots = [Slot() for _ in range(pool.size)]
         self.abandoned = False
         self.sleepers = 0
-        self.loop = asyncio.new_event_loop()
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._tasks: list[asyncio.Task[None]] = []
-        started = threading.Event()
-        self.thread = threading.Thread(
-            target=self._main,
-            args=(started,),
-            name=f"retryd-handler-loop-{generation}",
-            daemon=True,
-        )
-        self.thread.start()
-        started.wait(10)
-
-    def _main(self, started: threading.Event) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.call_soon(started.set)
-        try:
-            self.loop.run_forever()
-        finally:
-            with contextlib.suppress(Exception):
-                self.loop.close()
+        self.loop, self.thread = start_loop_thread(f"retryd-handler-loop-{generation}")
 
     def start_slots(self) -> None:
         self.loop.call_soon_threadsafe(self._spawn)
