@@ -337,10 +337,7 @@ class HttpHandler:
         content_type: str | None,
         named: str | None,
     ) -> HandlerResult:
-        try:
-            result = classify_http(status, payload, content_type, named)
-        except RecursionError:  # JSON nested too deep to read: as with non-JSON, the code decides
-            result = classify_http(status, payload, "application/octet-stream", named)
+        result = classify_http(status, payload, content_type, named)
         if result.outcome is not Outcome.SUCCESS:
             logger.debug(
                 "%s: POST %s answered %d -> %s",

@@ -96,12 +96,13 @@ class SplitConsumer:
         drop the main member from its group (issue 31, fault 9).
         """
         reserve = main_reserve(num_messages)
-        self._main_turn = not self._main_turn
-        if reserve == 0 and self._main_turn:
+        if reserve == 0:
             # a batch of one: every other call asks the main member first
-            out = list(self.main.consume(1, 0))
-            if out:
-                return out
+            self._main_turn = not self._main_turn
+            if self._main_turn:
+                out = list(self.main.consume(1, 0))
+                if out:
+                    return out
         tier_room = num_messages - reserve
         out = list(self.tiers.consume(tier_room, 0))
         room = num_messages - len(out)
